@@ -1,0 +1,5 @@
+import sys
+
+from dynamo_thunderagent.cli import main
+
+sys.exit(main())

@@ -1,0 +1,100 @@
+"""Capacity and usage of each worker/rank's KV pool, in tokens.
+
+Capacity comes from the worker's published model card: total KV blocks x
+block size. It is used only while the worker is live: a card whose worker has
+left is stale (its blocks may belong to a new process with another id).
+
+Usage of a worker/rank counts its ACTIVE programs only (a paused program's KV
+may still be resident, but the scheduler is free to let it be evicted)::
+
+    usage = sum(REASONING tokens) + acting_token_weight * sum(ACTING tokens)
+            + buffer_per_program * programs - shared-prefix credit + shared-prefix term
+
+The decayed variant weights each ACTING program by 2^(-idle / tau): a program
+whose tool has run for long is less likely to need its cache soon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from dynamo_thunderagent.program import Phase, Program, WorkerKey
+
+
+@dataclass(frozen=True)
+class CapacityCard:
+    """What a worker/rank publishes about its KV pool."""
+
+    total_kv_blocks: int
+    block_size: int
+
+    def __post_init__(self) -> None:
+        if self.total_kv_blocks < 0 or self.block_size <= 0:
+            raise ValueError(
+                f"capacity card needs total_kv_blocks >= 0 and block_size > 0, got "
+                f"{self.total_kv_blocks} x {self.block_size}"
+            )
+
+    @property
+    def tokens(self) -> int:
+        return self.total_kv_blocks * self.block_size
+
+
+class Capacity:
+    """Which workers are live and how many KV tokens each live rank holds."""
+
+    def __init__(self) -> None:
+        self._live: frozenset[int] = frozenset()
+        self._cards: dict[WorkerKey, CapacityCard] = {}
+        self._known: dict[WorkerKey, int] = {}
+
+    def update(self, live_worker_ids: Iterable[int], cards: Mapping[WorkerKey, CapacityCard]) -> None:
+        """Replace the view: the runtime's live instances and the cards seen so far."""
+        self._live = frozenset(live_worker_ids)
+        self._cards = dict(cards)
+        self._known = {
+            key: card.tokens
+            for key, card in sorted(self._cards.items())
+            if key.worker_id in self._live and card.tokens > 0
+        }
+
+    def is_live(self, worker: WorkerKey) -> bool:
+        return worker.worker_id in self._live
+
+    @property
+    def any_live(self) -> bool:
+        return bool(self._live)
+
+    @property
+    def live_worker_ids(self) -> frozenset[int]:
+        return self._live
+
+    @property
+    def known(self) -> Mapping[WorkerKey, int]:
+        """Capacity in tokens of each live rank with a usable card, sorted by key."""
+        return self._known
+
+
+@dataclass(frozen=True)
+class UsageModel:
+    """How much of a worker/rank's capacity one program occupies."""
+
+    acting_token_weight: float
+    acting_decay_tau_seconds: float
+    buffer_per_program: int
+
+    def charge(self, program: Program) -> float:
+        """Capacity an ACTIVE program occupies now (the pressure side)."""
+        tokens = program.tokens - program.shared_prefix_tokens
+        if program.phase is Phase.ACTING:
+            return self.acting_token_weight * tokens + self.buffer_per_program
+        return tokens + self.buffer_per_program
+
+    def decayed_charge(self, program: Program, now: float) -> float:
+        """Capacity charged when deciding whether room exists (the resume side)."""
+        if program.phase is Phase.REASONING or program.acting_since is None:
+            return self.charge(program)
+        idle = max(0.0, now - program.acting_since)
+        weight = self.acting_token_weight * 2.0 ** (-idle / self.acting_decay_tau_seconds)
+        return weight * (program.tokens - program.shared_prefix_tokens) + self.buffer_per_program

@@ -1,0 +1,234 @@
+"""The request-classifier role: an async admission gate over the scheduler core.
+
+``classify`` admits a request (naming a preferred worker/rank), defers it
+(awaits until the scheduler releases it) or rejects it with
+:class:`AdmissionRejected`. ``on_event`` feeds the request's lifecycle back.
+The shell (the Dynamo router component) calls ``update_workers`` when workers
+join, leave or publish capacity, and ``tick`` every ``tick_interval`` seconds.
+
+The only state here is the futures of deferred requests; everything that
+decides lives in :class:`~dynamo_thunderagent.scheduler.Scheduler`, which
+takes ``now`` from the injected clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import structlog
+from pydantic import BaseModel
+
+from dynamo_thunderagent.capacity import CapacityCard
+from dynamo_thunderagent.config import EmptyParameters, ThunderAgentParameters
+from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.scheduler import Decisions, Reject, Release, Scheduler
+
+log = structlog.get_logger("dynamo_thunderagent")
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class ClassifyRequest:
+    """What admission needs of a request (from its ``agent_context`` and tokens)."""
+
+    request_id: str
+    session_id: str | None
+    input_tokens: int
+    session_final: bool = False
+    parent_session_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admitted request: route it to ``preferred`` (None: any eligible worker).
+
+    ``session_final`` admissions carry no turn: answer without a worker.
+    ``tracked`` is False for requests the classifier does not follow (no
+    session), which need no lifecycle events.
+    """
+
+    preferred: WorkerKey | None
+    session_final: bool = False
+    tracked: bool = True
+    waited_seconds: float = 0.0
+
+
+class AdmissionRejected(Exception):
+    """The request cannot be admitted; ``reason`` says why and which limit."""
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        super().__init__(reason)
+        self.request_id = request_id
+        self.reason = reason
+
+
+# ---- lifecycle events ------------------------------------------------------------
+@dataclass(frozen=True)
+class Sent:
+    request_id: str
+    worker: WorkerKey
+
+
+@dataclass(frozen=True)
+class Responding:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Completed:
+    request_id: str
+    context_tokens: int  # prompt + generated tokens now in the program's cache
+
+
+@dataclass(frozen=True)
+class Aborted:
+    request_id: str
+    reason: str = ""
+
+
+RequestEvent = Sent | Responding | Completed | Aborted
+
+
+class RequestClassifier(ABC):
+    """Admission gate run before a request is routed."""
+
+    Parameters: ClassVar[type[BaseModel]] = EmptyParameters
+
+    def __init__(self, parameters: BaseModel, *, clock: Clock = time.monotonic) -> None:
+        self.parameters = parameters
+        self.clock = clock
+
+    @abstractmethod
+    async def classify(self, request: ClassifyRequest) -> Admission:
+        """Admit (maybe after waiting) or raise AdmissionRejected."""
+
+    def on_event(self, event: RequestEvent) -> None:
+        """Learn a request's lifecycle; events may arrive in any network order."""
+
+    def update_workers(
+        self, live_worker_ids: Iterable[int], cards: Mapping[WorkerKey, CapacityCard]
+    ) -> None:
+        """The runtime's live worker ids and the capacity cards of their ranks."""
+
+    @property
+    def tick_interval(self) -> float | None:
+        """Seconds between ``tick`` calls; None if this classifier needs none."""
+        return None
+
+    def tick(self) -> None:
+        """Periodic decisions (pressure, resume, expiry)."""
+
+    def snapshot(self) -> dict[str, Any]:
+        """Plain-data state for the router's state endpoint."""
+        return {}
+
+
+class ThunderAgentClassifier(RequestClassifier):
+    """ThunderAgent program-aware admission (mission.md, parity baseline)."""
+
+    Parameters: ClassVar[type[BaseModel]] = ThunderAgentParameters
+
+    def __init__(self, parameters: BaseModel, *, clock: Clock = time.monotonic) -> None:
+        super().__init__(parameters, clock=clock)
+        assert isinstance(parameters, ThunderAgentParameters)
+        self.scheduler = Scheduler(parameters)
+        self._waiters: dict[str, asyncio.Future[Release | Reject]] = {}
+
+    @property
+    def tick_interval(self) -> float:
+        return self.scheduler.params.scheduler_interval_seconds
+
+    async def classify(self, request: ClassifyRequest) -> Admission:
+        if request.session_id is None:
+            return Admission(preferred=None, tracked=False)
+        arrived = self.clock()
+        decisions = self.scheduler.submit(
+            request.request_id, request.session_id, request.input_tokens, arrived,
+            session_final=request.session_final, parent_session_id=request.parent_session_id,
+        )
+        outcome = decisions.outcome(request.request_id)
+        if outcome is None:
+            waiter: asyncio.Future[Release | Reject] = asyncio.get_running_loop().create_future()
+            self._waiters[request.request_id] = waiter
+        self._apply(decisions)
+        if outcome is None:
+            log.debug("request.deferred", request_id=request.request_id,
+                      session_id=request.session_id)
+            try:
+                outcome = await waiter
+            except asyncio.CancelledError:
+                self._waiters.pop(request.request_id, None)
+                self._apply(self.scheduler.cancel(request.request_id, self.clock()))
+                raise
+        if isinstance(outcome, Reject):
+            raise AdmissionRejected(outcome.request_id, outcome.reason)
+        return Admission(
+            preferred=outcome.worker,
+            session_final=outcome.session_final,
+            waited_seconds=self.clock() - arrived,
+        )
+
+    def on_event(self, event: RequestEvent) -> None:
+        now = self.clock()
+        if isinstance(event, Sent):
+            decisions = self.scheduler.sent(event.request_id, event.worker, now)
+        elif isinstance(event, Responding):
+            decisions = self.scheduler.responding(event.request_id, now)
+        elif isinstance(event, Completed):
+            decisions = self.scheduler.completed(event.request_id, event.context_tokens, now)
+        else:
+            decisions = self.scheduler.aborted(event.request_id, now)
+        self._apply(decisions)
+
+    def update_workers(
+        self, live_worker_ids: Iterable[int], cards: Mapping[WorkerKey, CapacityCard]
+    ) -> None:
+        self.scheduler.set_workers(frozenset(live_worker_ids), dict(cards))
+
+    def tick(self) -> None:
+        started = time.perf_counter()
+        decisions = self.scheduler.tick(self.clock())
+        self._apply(decisions)
+        if decisions.changed:
+            log.info("scheduler.tick", elapsed_ms=round((time.perf_counter() - started) * 1e3, 3),
+                     paused=len(decisions.paused), resumed=len(decisions.resumed),
+                     marked=len(decisions.marked), expired=len(decisions.expired),
+                     forced=len(decisions.forced), waiting=len(self._waiters))
+
+    def snapshot(self) -> dict[str, Any]:
+        state = self.scheduler.snapshot(self.clock())
+        state["deferred_requests"] = len(self._waiters)
+        return state
+
+    def _apply(self, decisions: Decisions) -> None:
+        """Wake deferred requests and log what changed."""
+        for release in decisions.released:
+            waiter = self._waiters.pop(release.request_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(release)
+        for reject in decisions.rejected:
+            waiter = self._waiters.pop(reject.request_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(reject)
+            log.warning("request.rejected", request_id=reject.request_id, reason=reject.reason)
+        for session_id in decisions.created:
+            log.debug("program.created", session_id=session_id)
+        for session_id in decisions.paused:
+            log.info("program.paused", session_id=session_id)
+        for session_id in decisions.marked:
+            log.info("program.marked_for_pause", session_id=session_id)
+        for session_id, worker in decisions.resumed:
+            log.info("program.resumed", session_id=session_id,
+                     worker=None if worker is None else str(worker))
+        for session_id in decisions.forced:
+            log.warning("program.force_released", session_id=session_id)
+        for session_id in decisions.removed:
+            log.info("program.released", session_id=session_id)
+        for session_id in decisions.expired:
+            log.info("program.expired", session_id=session_id)

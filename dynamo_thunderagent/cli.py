@@ -1,0 +1,60 @@
+"""``dynamo-thunderagent``: validate policies, serve the router, run the stack, benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from dynamo_thunderagent.catalog import PluginError, load_policy
+from dynamo_thunderagent.config import PolicyError
+
+
+def _validate(args: argparse.Namespace) -> int:
+    try:
+        resolved = load_policy(args.path)
+    except (PolicyError, PluginError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(resolved.describe(), indent=2))
+    return 0
+
+
+def _bench_overhead(args: argparse.Namespace) -> int:
+    from dynamo_thunderagent.bench.overhead import run_overhead
+
+    return run_overhead(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dynamo-thunderagent",
+        description="Program-aware (ThunderAgent) scheduling for NVIDIA Dynamo.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    validate = sub.add_parser("validate", help="check a router-policy YAML and print it resolved")
+    validate.add_argument("path", help="router-policy YAML (e.g. policies/thunderagent.yaml)")
+    validate.set_defaults(func=_validate)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
+    overhead = bench_sub.add_parser(
+        "overhead", help="time one admission decision and one tick at fleet scale")
+    overhead.add_argument("--workers", type=int, default=64)
+    overhead.add_argument("--dp-ranks", type=int, default=8)
+    overhead.add_argument("--programs", type=int, default=2000)
+    overhead.add_argument("--ticks", type=int, default=200)
+    overhead.add_argument("--admissions", type=int, default=5000)
+    overhead.add_argument("--seed", type=int, default=0)
+    overhead.add_argument("--json", action="store_true", help="print one JSON object")
+    overhead.set_defaults(func=_bench_overhead)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result

@@ -1,0 +1,182 @@
+"""Router-policy YAML: the schema of Dynamo 1.6's ``--router-policy-config``.
+
+The file names one request classifier and a set of worker-selection instances
+that the aggregated/prefill/decode stages refer to by name (the llm-d style:
+declare instances once, reference them by name). Every level rejects unknown
+keys. Type-specific ``parameters`` are validated against the parameter model
+the catalog registers for that type, so a typo fails at load time, never at the
+first request.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+RESERVED_INSTANCE_NAME = "default"
+STAGES = ("aggregated", "prefill", "decode")
+
+
+class PolicyError(ValueError):
+    """A router-policy file that cannot be used; the message names file and key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ComponentSpec(_Strict):
+    """``{type, parameters}`` of the request classifier."""
+
+    type: str = Field(min_length=1)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+
+class InstanceSpec(ComponentSpec):
+    """One named worker-selection instance."""
+
+    name: str = Field(min_length=1)
+
+
+class WorkerSelectionSpec(_Strict):
+    aggregated: str | None = None
+    prefill: str | None = None
+    decode: str | None = None
+    instances: list[InstanceSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _stages_name_instances(self) -> WorkerSelectionSpec:
+        names = [instance.name for instance in self.instances]
+        for name in names:
+            if name == RESERVED_INSTANCE_NAME:
+                raise ValueError(
+                    f"instance name {name!r} is reserved; choose another name"
+                )
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"instance names must be unique; repeated: {duplicates}")
+        for stage in STAGES:
+            ref = getattr(self, stage)
+            if ref is not None and ref not in names:
+                raise ValueError(
+                    f"{stage}: {ref!r} is not a configured instance; "
+                    f"configured instances: {names or 'none'}"
+                )
+        return self
+
+
+class PolicyConfig(_Strict):
+    request_classifier: ComponentSpec | None = None
+    worker_selection: WorkerSelectionSpec | None = None
+
+
+class ThunderAgentParameters(_Strict):
+    """ThunderAgent parameters, with Dynamo 1.6's names, defaults and rules.
+
+    Fractions are in [0, 1]; durations are > 0; the ACTING weight and decay
+    constant are finite and > 0; limits are > 0.
+    """
+
+    pause_threshold: float = Field(0.95, ge=0.0, le=1.0)
+    pause_target: float = Field(0.80, ge=0.0, le=1.0)
+    resume_hysteresis: float = Field(0.10, ge=0.0, le=1.0)
+    resume_timeout_seconds: float = Field(1800.0, gt=0.0)
+    session_retention_seconds: float = Field(1800.0, gt=0.0)
+    scheduler_interval_seconds: float = Field(5.0, gt=0.0)
+    acting_token_weight: float = Field(1.0, gt=0.0)
+    acting_decay_tau_seconds: float = Field(1.0, gt=0.0)
+    buffer_per_program: int = Field(100, ge=0)
+    max_tracked_requests: int = Field(10_000, gt=0)
+
+    @field_validator(
+        "resume_timeout_seconds",
+        "session_retention_seconds",
+        "scheduler_interval_seconds",
+        "acting_token_weight",
+        "acting_decay_tau_seconds",
+    )
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ThunderAgentParameters:
+        if self.pause_target > self.pause_threshold:
+            raise ValueError(
+                f"pause_target ({self.pause_target}) must be <= pause_threshold "
+                f"({self.pause_threshold})"
+            )
+        if self.resume_hysteresis > self.pause_threshold:
+            raise ValueError(
+                f"resume_hysteresis ({self.resume_hysteresis}) must be <= pause_threshold "
+                f"({self.pause_threshold})"
+            )
+        return self
+
+
+class EmptyParameters(_Strict):
+    """For plugin types that take no parameters."""
+
+
+def describe_validation_error(where: str, error: ValidationError) -> str:
+    """One line per problem: ``where.key: message (got value)``."""
+    lines = []
+    for problem in error.errors():
+        loc = ".".join(str(part) for part in problem["loc"])
+        key = f"{where}.{loc}" if loc else where
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            message = "unknown key"
+        got = problem.get("input")
+        plain = not isinstance(got, (dict, list)) and problem["type"] != "extra_forbidden"
+        suffix = f" (got {got!r})" if plain else ""
+        lines.append(f"{key}: {message}{suffix}")
+    return "; ".join(lines)
+
+
+def parse_policy(data: Any, source: str) -> PolicyConfig:
+    """Validate the generic schema (not the type-specific parameters)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(f"{source}: top level must be a mapping with request_classifier "
+                          f"and/or worker_selection, got {type(data).__name__}")
+    try:
+        return PolicyConfig.model_validate(data)
+    except ValidationError as error:
+        raise PolicyError(f"{source}: {describe_validation_error('', error).lstrip('.')}") from None
+
+
+def read_policy_file(path: str | Path) -> PolicyConfig:
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise PolicyError(f"{source}: cannot read policy file: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise PolicyError(f"{source}: not valid YAML: {error}") from None
+    return parse_policy(data, source)
+
+
+@dataclass(frozen=True)
+class ResolvedComponent:
+    """A catalog type with its validated parameters."""
+
+    role: str
+    name: str
+    type: str
+    parameters: BaseModel

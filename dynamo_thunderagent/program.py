@@ -1,0 +1,100 @@
+"""The scheduler's vocabulary: programs, their phases and lifecycles, workers.
+
+A *program* is one agent run, identified by its session id. It alternates
+between REASONING (a turn is on the GPU) and ACTING (the agent runs a tool and
+its KV cache sits idle). Independently of the phase it is ACTIVE (counted
+against a worker's capacity, its turns are admitted) or PAUSED (not counted,
+its next turn waits). Pausing is logical: nothing running is preempted; a
+REASONING program that must pause is *marked* and pauses at its next tool
+boundary.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class WorkerKey(NamedTuple):
+    """A KV pool: one data-parallel rank of one worker instance.
+
+    Capacity, usage and placement are all per rank, because each rank has its
+    own KV cache; the pair sorts naturally, which gives every tie-break.
+    """
+
+    worker_id: int
+    dp_rank: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.worker_id}/{self.dp_rank}"
+
+
+class Phase(enum.Enum):
+    REASONING = "reasoning"
+    ACTING = "acting"
+
+
+class Lifecycle(enum.Enum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+
+
+class RequestState(enum.Enum):
+    QUEUED = "queued"  # behind another turn of the same session
+    DEFERRED = "deferred"  # its program is paused; waits for resume
+    RELEASED = "released"  # admitted; routed or about to be
+
+
+@dataclass(slots=True)
+class Program:
+    """One agent run. Fields that enter usage change only through ProgramTable."""
+
+    session_id: str
+    seq: int  # creation order: the stable tie-break between equal programs
+    created_at: float
+    phase: Phase = Phase.ACTING
+    lifecycle: Lifecycle = Lifecycle.ACTIVE
+    worker: WorkerKey | None = None
+    tokens: int = 0
+    # Tokens of this program that a shared-prefix model credits back (counted
+    # once per worker instead of once per program); 0 in the parity model.
+    shared_prefix_tokens: int = 0
+    steps: int = 0
+    marked_for_pause: bool = False
+    acting_since: float | None = None
+    deferred_since: float | None = None
+    last_active: float = 0.0
+    parent_session_id: str | None = None
+    # The turn on the GPU or waiting for admission (at most one per session),
+    # then the session's later turns in arrival order.
+    current: str | None = None
+    waiting: deque[str] = field(default_factory=deque)
+    final_request: str | None = None  # a session-final request held behind ``current``
+    pauses: int = 0
+    resumes: int = 0
+    moves: int = 0
+
+    @property
+    def is_new(self) -> bool:
+        """Never finished a turn: nothing of it is cached anywhere yet."""
+        return self.steps == 0
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None or bool(self.waiting) or self.final_request is not None
+
+
+@dataclass(slots=True)
+class TrackedRequest:
+    request_id: str
+    session_id: str
+    input_tokens: int
+    arrived_at: float
+    state: RequestState
+    created_program: bool  # this request created its program (rolled back if it never runs)
+    released_to: WorkerKey | None = None
+    released_at: float | None = None
+    sent_to: WorkerKey | None = None
+    responding: bool = False

@@ -1,0 +1,137 @@
+"""The program table: programs, tracked requests and per-rank usage.
+
+Admission runs on every request, so usage per worker/rank is kept
+incrementally instead of summed over all programs: every change to a field
+that enters usage goes through :meth:`ProgramTable.changing`, which takes the
+program out of the ledger and puts it back. The ledger holds integer token
+sums (not float usage) so that it never drifts; the property tests compare it
+with a recount after every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from dynamo_thunderagent.capacity import UsageModel
+from dynamo_thunderagent.program import Lifecycle, Phase, Program, TrackedRequest, WorkerKey
+
+
+@dataclass
+class _RankLedger:
+    reasoning_tokens: int = 0
+    acting_tokens: int = 0
+    programs: int = 0
+    shared_credit: int = 0
+
+
+class ProgramTable:
+    def __init__(self, usage_model: UsageModel) -> None:
+        self.usage_model = usage_model
+        self.programs: dict[str, Program] = {}
+        self.requests: dict[str, TrackedRequest] = {}
+        self._ledger: dict[WorkerKey, _RankLedger] = {}
+        self._members: dict[WorkerKey, dict[str, Program]] = {}
+        self._paused: dict[str, Program] = {}
+        self._seq = 0
+        # A shared-prefix term per worker/rank (tokens counted once per rank);
+        # set by a prefix-aware accounting policy, zero in the parity model.
+        self.shared_prefix_term: dict[WorkerKey, int] = {}
+
+    # ---- programs -------------------------------------------------------------
+    def create(self, session_id: str, now: float, parent_session_id: str | None) -> Program:
+        self._seq += 1
+        program = Program(
+            session_id=session_id,
+            seq=self._seq,
+            created_at=now,
+            last_active=now,
+            parent_session_id=parent_session_id,
+        )
+        self.programs[session_id] = program
+        self._attach(program)
+        return program
+
+    def remove(self, program: Program) -> None:
+        self._detach(program)
+        del self.programs[program.session_id]
+
+    @contextmanager
+    def changing(self, program: Program) -> Iterator[Program]:
+        """Mutate phase, lifecycle, worker or tokens of ``program`` inside this block."""
+        self._detach(program)
+        try:
+            yield program
+        finally:
+            self._attach(program)
+
+    def _attach(self, program: Program) -> None:
+        if program.lifecycle is Lifecycle.PAUSED:
+            self._paused[program.session_id] = program
+            return
+        if program.worker is None:
+            return
+        ledger = self._ledger.setdefault(program.worker, _RankLedger())
+        if program.phase is Phase.REASONING:
+            ledger.reasoning_tokens += program.tokens
+        else:
+            ledger.acting_tokens += program.tokens
+        ledger.programs += 1
+        ledger.shared_credit += program.shared_prefix_tokens
+        self._members.setdefault(program.worker, {})[program.session_id] = program
+
+    def _detach(self, program: Program) -> None:
+        if program.lifecycle is Lifecycle.PAUSED:
+            del self._paused[program.session_id]
+            return
+        if program.worker is None:
+            return
+        ledger = self._ledger[program.worker]
+        if program.phase is Phase.REASONING:
+            ledger.reasoning_tokens -= program.tokens
+        else:
+            ledger.acting_tokens -= program.tokens
+        ledger.programs -= 1
+        ledger.shared_credit -= program.shared_prefix_tokens
+        members = self._members[program.worker]
+        del members[program.session_id]
+        if not members:
+            del self._members[program.worker]
+            del self._ledger[program.worker]
+
+    # ---- queries --------------------------------------------------------------
+    def usage(self, worker: WorkerKey) -> float:
+        """Usage of ``worker`` in tokens (the pressure side; no decay)."""
+        ledger = self._ledger.get(worker)
+        shared = self.shared_prefix_term.get(worker, 0)
+        if ledger is None:
+            return float(shared)
+        model = self.usage_model
+        return (
+            ledger.reasoning_tokens
+            + model.acting_token_weight * ledger.acting_tokens
+            + model.buffer_per_program * ledger.programs
+            - ledger.shared_credit
+            + shared
+        )
+
+    def decayed_usage(self, worker: WorkerKey, now: float) -> float:
+        shared = self.shared_prefix_term.get(worker, 0)
+        return shared + sum(
+            self.usage_model.decayed_charge(p, now) for p in self.members(worker)
+        )
+
+    def members(self, worker: WorkerKey) -> list[Program]:
+        """ACTIVE programs assigned to ``worker``, in creation order."""
+        return sorted(self._members.get(worker, {}).values(), key=lambda p: p.seq)
+
+    def assigned_workers(self) -> list[WorkerKey]:
+        return sorted(self._members)
+
+    def paused(self) -> list[Program]:
+        return list(self._paused.values())
+
+    @property
+    def any_paused(self) -> bool:
+        return bool(self._paused)

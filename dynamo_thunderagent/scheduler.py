@@ -1,0 +1,503 @@
+"""The ThunderAgent scheduler: admission, lifecycle events and the tick.
+
+Pure and deterministic: every method takes ``now`` and returns
+:class:`Decisions` (release request R to worker W, reject R, pause P, resume
+Q on W, ...). Nothing here sleeps, awaits or logs; the asyncio shell
+(:mod:`dynamo_thunderagent.classifier`) applies the decisions.
+
+Invariants the property tests check after every step:
+
+* every program is in exactly one (phase, lifecycle) state and every tracked
+  request belongs to exactly one program slot (current, waiting or final);
+* at most one turn per session is released or deferred at a time;
+* tracked requests and retained programs stay within ``max_tracked_requests``;
+* the incremental usage ledger equals a recount;
+* a deferred request is released within ``resume_timeout`` plus one tick
+  while a live worker exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dynamo_thunderagent.capacity import Capacity, CapacityCard, UsageModel
+from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.program import (
+    Lifecycle,
+    Phase,
+    Program,
+    RequestState,
+    TrackedRequest,
+    WorkerKey,
+)
+from dynamo_thunderagent.program_table import ProgramTable
+
+
+@dataclass(frozen=True)
+class Release:
+    """Admit ``request_id``; route it to ``worker`` (None: any eligible worker).
+
+    ``session_final`` releases carry no turn: the shell answers them without
+    touching a worker.
+    """
+
+    request_id: str
+    worker: WorkerKey | None
+    session_final: bool = False
+
+
+@dataclass(frozen=True)
+class Reject:
+    request_id: str
+    reason: str
+
+
+@dataclass
+class Decisions:
+    """What one call decided, in order; the shell applies and logs them."""
+
+    released: list[Release] = field(default_factory=list)
+    rejected: list[Reject] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+    paused: list[str] = field(default_factory=list)
+    marked: list[str] = field(default_factory=list)
+    resumed: list[tuple[str, WorkerKey | None]] = field(default_factory=list)
+    forced: list[str] = field(default_factory=list)
+    unassigned: list[str] = field(default_factory=list)
+
+    def outcome(self, request_id: str) -> Release | Reject | None:
+        """This request's release or rejection, or None if it was deferred."""
+        for release in self.released:
+            if release.request_id == request_id:
+                return release
+        for reject in self.rejected:
+            if reject.request_id == request_id:
+                return reject
+        return None
+
+    @property
+    def changed(self) -> bool:
+        return any(
+            (self.released, self.rejected, self.created, self.removed, self.expired,
+             self.paused, self.marked, self.resumed, self.forced, self.unassigned)
+        )
+
+
+# Resume order classes: a turn is waiting on a known program, then programs
+# that never ran (nothing cached yet), then paused tool-callers.
+_WAITING_TURN, _NEW, _ACTING = 0, 1, 2
+
+
+class Scheduler:
+    """Program table + admission gate + scheduler tick (see mission.md)."""
+
+    def __init__(self, params: ThunderAgentParameters) -> None:
+        self.params = params
+        self.usage_model = UsageModel(
+            acting_token_weight=params.acting_token_weight,
+            acting_decay_tau_seconds=params.acting_decay_tau_seconds,
+            buffer_per_program=params.buffer_per_program,
+        )
+        self.table = ProgramTable(self.usage_model)
+        self.capacity = Capacity()
+        self.counters = {"pauses": 0, "resumes": 0, "forced_resumes": 0, "moves": 0,
+                         "expired": 0, "evicted": 0, "rejected": 0}
+
+    # ---- workers ---------------------------------------------------------------
+    def set_workers(
+        self, live_worker_ids: set[int] | frozenset[int], cards: dict[WorkerKey, CapacityCard]
+    ) -> None:
+        """Replace the live set and capacity cards; the next tick acts on it."""
+        self.capacity.update(live_worker_ids, cards)
+
+    # ---- admission -------------------------------------------------------------
+    def submit(
+        self,
+        request_id: str,
+        session_id: str,
+        input_tokens: int,
+        now: float,
+        *,
+        session_final: bool = False,
+        parent_session_id: str | None = None,
+    ) -> Decisions:
+        """Admit, defer or reject one turn (or the session-final request) of a session."""
+        d = Decisions()
+        table = self.table
+        limit = self.params.max_tracked_requests
+        if request_id in table.requests:
+            return self._reject(d, request_id, f"request id {request_id!r} is already in "
+                                "flight; request ids must be unique")
+        if input_tokens < 0:
+            return self._reject(d, request_id, f"input_tokens must be >= 0, got {input_tokens}")
+        if len(table.requests) >= limit:
+            return self._reject(d, request_id, f"the scheduler already tracks {limit} requests "
+                                f"(max_tracked_requests={limit}); retry later")
+        program = table.programs.get(session_id)
+        if session_final:
+            if program is None:
+                d.released.append(Release(request_id, None, session_final=True))
+                return d
+            if program.final_request is not None:
+                return self._reject(d, request_id, f"session {session_id!r} is already ending")
+            table.requests[request_id] = TrackedRequest(
+                request_id, session_id, 0, now, RequestState.QUEUED, created_program=False)
+            program.final_request = request_id
+            self._advance(program, now, d)
+            return d
+        created = False
+        if program is None:
+            if len(table.programs) >= limit and not self._evict_oldest_idle(d):
+                return self._reject(d, request_id, f"the scheduler already retains {limit} "
+                                    f"active programs (max_tracked_requests={limit}); "
+                                    "end finished sessions with X-Dynamo-Session-Final")
+            program = table.create(session_id, now, parent_session_id)
+            created = True
+            d.created.append(session_id)
+        elif program.final_request is not None:
+            return self._reject(d, request_id, f"session {session_id!r} is ending (a "
+                                "session-final request is pending); start a new session")
+        request = TrackedRequest(request_id, session_id, input_tokens, now,
+                                 RequestState.QUEUED, created_program=created)
+        table.requests[request_id] = request
+        if program.current is None:
+            self._start_turn(program, request, now, d)
+        else:
+            program.waiting.append(request_id)
+        return d
+
+    def _start_turn(self, program: Program, request: TrackedRequest, now: float,
+                    d: Decisions) -> None:
+        program.current = request.request_id
+        program.last_active = now
+        request.state = RequestState.DEFERRED
+        with self.table.changing(program):
+            program.phase = Phase.REASONING
+            program.tokens = request.input_tokens
+            program.acting_since = None
+        if program.lifecycle is Lifecycle.PAUSED:
+            if program.deferred_since is None:
+                program.deferred_since = now
+            return
+        worker = program.worker
+        if worker is not None and self.capacity.is_live(worker):
+            self._release(program, request, worker, now, d)  # sticky
+            return
+        if not self.capacity.known:
+            self._release(program, request, None, now, d)  # cold start: no capacity data
+            return
+        if program.is_new and self.table.any_paused:
+            self._pause(program, now, d)  # no queue jumping past paused programs
+            program.deferred_since = now
+            return
+        target = self._least_used_with_room(program.tokens + self.params.buffer_per_program)
+        if target is None:
+            self._pause(program, now, d)
+            program.deferred_since = now
+            return
+        self._release(program, request, target, now, d)
+
+    def _least_used_with_room(self, need: float) -> WorkerKey | None:
+        best: tuple[float, WorkerKey] | None = None
+        threshold = self.params.pause_threshold
+        for worker, capacity in self.capacity.known.items():
+            usage = self.table.usage(worker)
+            if usage + need <= capacity * threshold:
+                key = (usage / capacity, worker)
+                if best is None or key < best:
+                    best = key
+        return None if best is None else best[1]
+
+    def _release(self, program: Program, request: TrackedRequest, worker: WorkerKey | None,
+                 now: float, d: Decisions) -> None:
+        request.state = RequestState.RELEASED
+        request.released_to = worker
+        request.released_at = now
+        program.deferred_since = None
+        if worker is not None and worker != program.worker:
+            self._move(program, worker)
+        d.released.append(Release(request.request_id, worker))
+
+    def _move(self, program: Program, worker: WorkerKey | None) -> None:
+        if program.worker is not None and worker is not None and worker != program.worker:
+            program.moves += 1
+            self.counters["moves"] += 1
+        with self.table.changing(program):
+            program.worker = worker
+
+    def _evict_oldest_idle(self, d: Decisions) -> bool:
+        idle = [p for p in self.table.programs.values() if not p.busy]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda p: (p.last_active, p.seq))
+        self.table.remove(oldest)
+        self.counters["evicted"] += 1
+        d.removed.append(oldest.session_id)
+        return True
+
+    def _reject(self, d: Decisions, request_id: str, reason: str) -> Decisions:
+        self.counters["rejected"] += 1
+        d.rejected.append(Reject(request_id, reason))
+        return d
+
+    # ---- lifecycle events ------------------------------------------------------
+    def sent(self, request_id: str, worker: WorkerKey, now: float) -> Decisions:
+        """The request reached ``worker``: the program now lives where it was served."""
+        d = Decisions()
+        request = self.table.requests.get(request_id)
+        if request is None or request.state is not RequestState.RELEASED:
+            return d  # unknown, finished or never admitted: nothing to learn
+        request.sent_to = worker
+        program = self.table.programs[request.session_id]
+        if program.current == request_id and program.worker != worker:
+            self._move(program, worker)
+        return d
+
+    def responding(self, request_id: str, now: float) -> Decisions:
+        request = self.table.requests.get(request_id)
+        if request is not None and request.state is RequestState.RELEASED:
+            request.responding = True
+            self.table.programs[request.session_id].last_active = now
+        return Decisions()
+
+    def completed(self, request_id: str, context_tokens: int, now: float) -> Decisions:
+        """The turn finished with ``context_tokens`` (prompt + generated) in the cache."""
+        d = Decisions()
+        request = self.table.requests.get(request_id)
+        if request is None or request.state is not RequestState.RELEASED:
+            return d
+        del self.table.requests[request_id]
+        program = self.table.programs[request.session_id]
+        program.current = None
+        program.steps += 1
+        program.last_active = now
+        with self.table.changing(program):
+            program.phase = Phase.ACTING
+            program.tokens = max(0, context_tokens)
+            program.acting_since = now
+        if program.marked_for_pause:
+            self._pause(program, now, d)  # its tool boundary
+        self._advance(program, now, d)
+        return d
+
+    def aborted(self, request_id: str, now: float) -> Decisions:
+        """The request ended without completing (error, disconnect, cancelled wait)."""
+        d = Decisions()
+        request = self.table.requests.pop(request_id, None)
+        if request is None:
+            return d
+        program = self.table.programs[request.session_id]
+        if program.final_request == request_id:
+            program.final_request = None
+            return d
+        if program.current != request_id:
+            program.waiting.remove(request_id)
+            return d
+        program.current = None
+        program.deferred_since = None
+        if request.created_program and program.is_new and not program.busy:
+            self.table.remove(program)  # roll back: the program never ran
+            d.removed.append(program.session_id)
+            return d
+        program.last_active = now
+        with self.table.changing(program):
+            program.phase = Phase.ACTING
+            program.acting_since = now
+        if program.marked_for_pause:
+            self._pause(program, now, d)
+        self._advance(program, now, d)
+        return d
+
+    cancel = aborted  # a cancelled deferral is an abort before release
+
+    def _advance(self, program: Program, now: float, d: Decisions) -> None:
+        """Start the session's next turn, or end it if only session-final is left."""
+        if program.current is not None:
+            return
+        if program.waiting:
+            request = self.table.requests[program.waiting.popleft()]
+            self._start_turn(program, request, now, d)
+        elif program.final_request is not None:
+            final = program.final_request
+            del self.table.requests[final]
+            self.table.remove(program)
+            d.removed.append(program.session_id)
+            d.released.append(Release(final, None, session_final=True))
+
+    # ---- pause / resume --------------------------------------------------------
+    def _pause(self, program: Program, now: float, d: Decisions) -> None:
+        with self.table.changing(program):
+            program.lifecycle = Lifecycle.PAUSED
+        program.marked_for_pause = False
+        program.pauses += 1
+        self.counters["pauses"] += 1
+        d.paused.append(program.session_id)
+
+    def _resume(self, program: Program, worker: WorkerKey | None, now: float,
+                d: Decisions) -> None:
+        if worker is not None and worker != program.worker:
+            self._move(program, worker)
+        with self.table.changing(program):
+            program.lifecycle = Lifecycle.ACTIVE
+        program.resumes += 1
+        self.counters["resumes"] += 1
+        d.resumed.append((program.session_id, worker))
+        if program.current is not None:
+            request = self.table.requests[program.current]
+            if request.state is RequestState.DEFERRED:
+                self._release(program, request, worker, now, d)
+
+    def resume_waiting(self, now: float, d: Decisions | None = None) -> Decisions:
+        """Resume paused programs into the room below the resume level.
+
+        Callable from the tick and from events (a completion or an abort frees
+        room). Candidates are ordered by class (waiting turn, new, ACTING),
+        then smallest first; the chosen set is packed largest-first onto the
+        rank with most room, so a program may move to another worker.
+        """
+        d = d if d is not None else Decisions()
+        paused = self.table.paused()
+        if not paused:
+            return d
+        known = self.capacity.known
+        if not known:
+            if self.capacity.any_live:  # capacity unknown: behave as at cold start
+                for program in sorted(paused, key=self._resume_order):
+                    if program.current is not None:
+                        self._resume(program, None, now, d)
+            return d
+        level = self.params.pause_threshold - self.params.resume_hysteresis
+        buffer = self.params.buffer_per_program
+        room = {w: cap * level - self.table.decayed_usage(w, now) for w, cap in known.items()}
+        free = sum(max(0.0, r) for r in room.values())
+        chosen = []
+        for program in sorted(paused, key=self._resume_order):
+            need = program.tokens + buffer
+            if need <= free:
+                chosen.append(program)
+                free -= need
+        for program in sorted(chosen, key=lambda p: (-p.tokens, p.seq)):
+            need = program.tokens + buffer
+            worker = max(room, key=lambda w: (room[w], _neg(w)))
+            if room[worker] >= need:
+                room[worker] -= need
+                self._resume(program, worker, now, d)
+        return d
+
+    def _resume_order(self, program: Program) -> tuple[int, int, int]:
+        if program.is_new:
+            klass = _NEW
+        elif program.phase is Phase.REASONING and program.current is not None:
+            klass = _WAITING_TURN
+        else:
+            klass = _ACTING
+        return (klass, program.tokens, program.seq)
+
+    # ---- the tick --------------------------------------------------------------
+    def tick(self, now: float) -> Decisions:
+        """One scheduler pass: expire, unassign, resume, force overdue, relieve pressure."""
+        d = Decisions()
+        self._expire_idle(now, d)
+        self._drop_dead_assignments(d)
+        self.resume_waiting(now, d)
+        self._force_overdue(now, d)
+        self._relieve_pressure(now, d)
+        return d
+
+    def _expire_idle(self, now: float, d: Decisions) -> None:
+        retention = self.params.session_retention_seconds
+        for program in list(self.table.programs.values()):
+            if not program.busy and now - program.last_active >= retention:
+                self.table.remove(program)
+                self.counters["expired"] += 1
+                d.expired.append(program.session_id)
+
+    def _drop_dead_assignments(self, d: Decisions) -> None:
+        for program in list(self.table.programs.values()):
+            if program.worker is not None and not self.capacity.is_live(program.worker):
+                with self.table.changing(program):
+                    program.worker = None
+                d.unassigned.append(program.session_id)
+
+    def _force_overdue(self, now: float, d: Decisions) -> None:
+        """A deferral never outlives resume_timeout while a live worker exists."""
+        if not self.capacity.any_live:
+            return
+        timeout = self.params.resume_timeout_seconds
+        overdue = [
+            p for p in self.table.paused()
+            if p.deferred_since is not None and now - p.deferred_since >= timeout
+        ]
+        for program in sorted(overdue, key=lambda p: (p.deferred_since or 0.0, p.seq)):
+            known = self.capacity.known
+            worker = None
+            if known:
+                worker = max(known, key=lambda w: (
+                    known[w] - self.table.decayed_usage(w, now), _neg(w)))
+            self.counters["forced_resumes"] += 1
+            d.forced.append(program.session_id)
+            self._resume(program, worker, now, d)
+
+    def _relieve_pressure(self, now: float, d: Decisions) -> None:
+        """Pause the smallest ACTING programs of each over-threshold rank, then mark."""
+        for worker, capacity in self.capacity.known.items():
+            usage = self.table.usage(worker)
+            if usage <= capacity * self.params.pause_threshold:
+                continue
+            target = capacity * self.params.pause_target
+            members = self.table.members(worker)
+            usage -= sum(self.usage_model.charge(p) for p in members if p.marked_for_pause)
+            acting = sorted((p for p in members if p.phase is Phase.ACTING),
+                            key=lambda p: (p.tokens, p.seq))
+            for program in acting:
+                if usage <= target:
+                    break
+                usage -= self.usage_model.charge(program)
+                self._pause(program, now, d)
+            reasoning = sorted(
+                (p for p in members if p.phase is Phase.REASONING and not p.marked_for_pause),
+                key=lambda p: (p.tokens, p.seq),
+            )
+            for program in reasoning:
+                if usage <= target:
+                    break
+                usage -= self.usage_model.charge(program)
+                program.marked_for_pause = True
+                d.marked.append(program.session_id)
+
+    # ---- introspection ---------------------------------------------------------
+    def snapshot(self, now: float) -> dict[str, object]:
+        """Plain-data view of the state, for the router's /state and for tests."""
+        ranks = {}
+        for worker in sorted(set(self.capacity.known) | set(self.table.assigned_workers())):
+            ranks[str(worker)] = {
+                "capacity_tokens": self.capacity.known.get(worker),
+                "usage_tokens": self.table.usage(worker),
+                "decayed_usage_tokens": self.table.decayed_usage(worker, now),
+                "programs": len(self.table.members(worker)),
+            }
+        programs = {
+            p.session_id: {
+                "phase": p.phase.value, "lifecycle": p.lifecycle.value,
+                "worker": None if p.worker is None else str(p.worker), "tokens": p.tokens,
+                "steps": p.steps, "marked_for_pause": p.marked_for_pause,
+                "in_flight": p.current, "waiting": len(p.waiting),
+                "pauses": p.pauses, "resumes": p.resumes, "moves": p.moves,
+            }
+            for p in self.table.programs.values()
+        }
+        return {
+            "programs": programs,
+            "tracked_requests": len(self.table.requests),
+            "paused": len(self.table.paused()),
+            "ranks": ranks,
+            "live_workers": sorted(self.capacity.live_worker_ids),
+            "counters": dict(self.counters),
+        }
+
+
+def _neg(worker: WorkerKey) -> tuple[int, int]:
+    """Sort key that prefers the lower worker/rank when used inside ``max``."""
+    return (-worker.worker_id, -worker.dp_rank)

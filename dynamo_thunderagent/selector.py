@@ -1,0 +1,68 @@
+"""The worker-selector role: honour the classifier's choice, else least loaded.
+
+A selector sees the eligible candidates (live workers/ranks serving the model,
+with the KV router's load predictions) and the classifier's preferred
+worker/rank. Pure: no I/O, deterministic for equal loads.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pydantic import BaseModel
+
+from dynamo_thunderagent.config import EmptyParameters
+from dynamo_thunderagent.program import WorkerKey
+
+
+class NoEligibleWorker(RuntimeError):
+    """No live worker/rank serves the model right now."""
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """Load of one candidate worker/rank, as the KV router predicts it."""
+
+    worker: WorkerKey
+    prefill_tokens: int = 0
+    decode_blocks: int = 0
+
+    def load_tokens(self, block_size: int) -> int:
+        return self.prefill_tokens + self.decode_blocks * block_size
+
+
+class WorkerSelector(ABC):
+    """Picks the worker/rank a request is routed to."""
+
+    Parameters: ClassVar[type[BaseModel]] = EmptyParameters
+
+    def __init__(self, parameters: BaseModel) -> None:
+        self.parameters = parameters
+
+    @abstractmethod
+    def select(
+        self, candidates: Sequence[WorkerLoad], preferred: WorkerKey | None, block_size: int
+    ) -> WorkerKey:
+        """Return one of ``candidates``; raise NoEligibleWorker if there are none."""
+
+
+class ThunderAgentSelector(WorkerSelector):
+    """The preferred worker/rank when eligible, else the least-loaded one.
+
+    Load is the KV router's active prefill tokens plus decode blocks x block
+    size; ties go to the lowest (worker_id, dp_rank) so that the same loads
+    always give the same choice.
+    """
+
+    def select(
+        self, candidates: Sequence[WorkerLoad], preferred: WorkerKey | None, block_size: int
+    ) -> WorkerKey:
+        if not candidates:
+            raise NoEligibleWorker("no live worker serves this model")
+        if preferred is not None and any(c.worker == preferred for c in candidates):
+            return preferred
+        best = min(candidates, key=lambda c: (c.load_tokens(block_size), c.worker))
+        return best.worker
