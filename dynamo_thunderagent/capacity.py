@@ -49,7 +49,9 @@ class Capacity:
         self._cards: dict[WorkerKey, CapacityCard] = {}
         self._known: dict[WorkerKey, int] = {}
 
-    def update(self, live_worker_ids: Iterable[int], cards: Mapping[WorkerKey, CapacityCard]) -> None:
+    def update(
+        self, live_worker_ids: Iterable[int], cards: Mapping[WorkerKey, CapacityCard]
+    ) -> None:
         """Replace the view: the runtime's live instances and the cards seen so far."""
         self._live = frozenset(live_worker_ids)
         self._cards = dict(cards)
@@ -96,5 +98,5 @@ class UsageModel:
         if program.phase is Phase.REASONING or program.acting_since is None:
             return self.charge(program)
         idle = max(0.0, now - program.acting_since)
-        weight = self.acting_token_weight * 2.0 ** (-idle / self.acting_decay_tau_seconds)
+        weight = self.acting_token_weight * float(2.0 ** (-idle / self.acting_decay_tau_seconds))
         return weight * (program.tokens - program.shared_prefix_tokens) + self.buffer_per_program

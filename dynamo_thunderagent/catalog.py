@@ -49,7 +49,7 @@ class Registry(Generic[P]):
 
     role: str
     group: str
-    base: type[P]
+    base: type[Any]  # the role's abstract base class
     _types: dict[str, type[P]] = field(default_factory=dict)
 
     def register(self, name: str, plugin: type[P]) -> None:

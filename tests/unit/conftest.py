@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from dynamo_thunderagent.capacity import CapacityCard
+from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.program import Lifecycle, Phase, Program, WorkerKey
+from dynamo_thunderagent.scheduler import Decisions, Release, Scheduler
+
+W0 = WorkerKey(0, 0)
+W1 = WorkerKey(1, 0)
+W2 = WorkerKey(2, 0)
+
+
+@dataclass
+class Harness:
+    """Drives the pure scheduler with a fake clock; capacities in tokens (block size 1)."""
+
+    scheduler: Scheduler
+    now: float = 0.0
+    counter: int = 0
+    log: list[Decisions] = field(default_factory=list)
+
+    def workers(self, capacities: dict[WorkerKey, int], live: set[int] | None = None) -> None:
+        cards = {w: CapacityCard(total_kv_blocks=c, block_size=1) for w, c in capacities.items()}
+        ids = {w.worker_id for w in capacities} if live is None else live
+        self.scheduler.set_workers(frozenset(ids), cards)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def turn(
+        self, session: str, tokens: int, request_id: str | None = None
+    ) -> tuple[str, Decisions]:
+        self.counter += 1
+        rid = request_id or f"{session}-r{self.counter}"
+        d = self.scheduler.submit(rid, session, tokens, self.now)
+        self.log.append(d)
+        return rid, d
+
+    def final(self, session: str) -> tuple[str, Decisions]:
+        self.counter += 1
+        rid = f"{session}-final{self.counter}"
+        d = self.scheduler.submit(rid, session, 0, self.now, session_final=True)
+        return rid, d
+
+    def complete(self, rid: str, context: int) -> Decisions:
+        return self.scheduler.completed(rid, context, self.now)
+
+    def abort(self, rid: str) -> Decisions:
+        return self.scheduler.aborted(rid, self.now)
+
+    def tick(self) -> Decisions:
+        return self.scheduler.tick(self.now)
+
+    def program(self, session: str) -> Program:
+        return self.scheduler.table.programs[session]
+
+    def acting_on(self, session: str, worker: WorkerKey, tokens: int) -> None:
+        """A program that finished one turn on ``worker`` and is now ACTING."""
+        rid, d = self.turn(session, tokens)
+        released = d.outcome(rid)
+        assert isinstance(released, Release), f"{session} was not released: {d}"
+        self.scheduler.sent(rid, worker, self.now)
+        self.complete(rid, tokens)
+
+    def state(self, session: str) -> tuple[Phase, Lifecycle]:
+        p = self.program(session)
+        return p.phase, p.lifecycle
+
+
+def make(**params: Any) -> Harness:
+    return Harness(Scheduler(ThunderAgentParameters(**params)))
+
+
+@pytest.fixture
+def h() -> Harness:
+    # No buffer and no decay by default, so the arithmetic in tests is plain.
+    return make(buffer_per_program=0, acting_decay_tau_seconds=1e9)

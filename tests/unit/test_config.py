@@ -1,0 +1,130 @@
+"""Router-policy YAML: Dynamo's schema, strict at every level, errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dynamo_thunderagent.catalog import (
+    PluginError,
+    builtin_catalog,
+    load_policy,
+)
+from dynamo_thunderagent.classifier import ThunderAgentClassifier
+from dynamo_thunderagent.cli import main
+from dynamo_thunderagent.config import PolicyError, ThunderAgentParameters
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_POLICY = REPO / "policies" / "thunderagent.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_default_policy_resolves_with_dynamo_defaults() -> None:
+    resolved = load_policy(DEFAULT_POLICY)
+    assert resolved.classifier is not None
+    assert resolved.classifier.parameters == ThunderAgentParameters()
+    assert resolved.stages["aggregated"].name == "ta"
+
+
+def test_default_policy_uses_only_parameters_dynamo_knows() -> None:
+    import yaml
+
+    data = yaml.safe_load(DEFAULT_POLICY.read_text())
+    assert set(data["request_classifier"]["parameters"]) <= set(ThunderAgentParameters.model_fields)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("request_classifier: {type: thunderagent}\nextra: 1\n", "extra: unknown key"),
+        ("request_classifier: {type: thunderagent, params: {}}\n", "params: unknown key"),
+        ("worker_selection: {instances: [{name: a, type: thunderagent, x: 1}]}\n",
+         "x: unknown key"),
+        ("worker_selection: {instances: [], aggregated: ta}\n",
+         "'ta' is not a configured instance"),
+        ("worker_selection: {instances: [{name: default, type: thunderagent}]}\n", "reserved"),
+        ("worker_selection: {instances: [{name: a, type: thunderagent}, "
+         "{name: a, type: thunderagent}]}\n", "unique"),
+        ("request_classifier: {type: nope}\n", "registered types: ['thunderagent']"),
+        ("request_classifier: {type: thunderagent, parameters: {pause_treshold: 0.9}}\n",
+         "pause_treshold: unknown key"),
+        ("request_classifier: {type: thunderagent, parameters: {pause_threshold: 1.5}}\n",
+         "pause_threshold: Input should be less than or equal to 1"),
+        ("request_classifier: {type: thunderagent, parameters: {pause_target: 0.99}}\n",
+         "pause_target (0.99) must be <= pause_threshold"),
+        ("request_classifier: {type: thunderagent, parameters: {resume_timeout_seconds: 0}}\n",
+         "resume_timeout_seconds: Input should be greater than 0"),
+        ("request_classifier: {type: thunderagent, parameters: {acting_decay_tau_seconds: .inf}}\n",
+         "acting_decay_tau_seconds"),
+        ("request_classifier: {type: thunderagent, parameters: {max_tracked_requests: 0}}\n",
+         "max_tracked_requests"),
+        ("- a list\n", "top level must be a mapping"),
+        ("request_classifier: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_policy_fails_at_load_time_naming_file_and_key(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(PolicyError) as error:
+        load_policy(path)
+    assert str(path) in str(error.value)
+    assert expected in str(error.value)
+
+
+def test_unknown_parameter_error_lists_the_allowed_parameters(tmp_path: Path) -> None:
+    path = write(tmp_path, "request_classifier: {type: thunderagent, parameters: {bogus: 1}}\n")
+    with pytest.raises(PolicyError, match="accepts parameters: pause_threshold"):
+        load_policy(path)
+
+
+def test_validate_prints_resolved_config_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(DEFAULT_POLICY)]) == 0
+    out = capsys.readouterr().out
+    assert '"pause_threshold": 0.95' in out and '"aggregated"' in out
+
+
+def test_validate_names_unknown_parameter_and_exits_nonzero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, "request_classifier: {type: thunderagent, parameters: {bogus: 1}}\n")
+    assert main(["validate", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert str(path) in err and "bogus" in err
+
+
+def test_validate_missing_file_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "/nonexistent/policy.yaml"]) != 0
+    assert "cannot read policy file" in capsys.readouterr().err
+
+
+# ---- catalog --------------------------------------------------------------------
+def test_thunderagent_is_registered_for_both_roles() -> None:
+    catalog = builtin_catalog()
+    assert catalog.request_classifiers.names() == ["thunderagent"]
+    assert catalog.worker_selectors.names() == ["thunderagent"]
+
+
+@pytest.mark.parametrize("name", ["", "   ", "default", "thunderagent"])
+def test_catalog_refuses_empty_reserved_and_duplicate_names(name: str) -> None:
+    catalog = builtin_catalog()
+    with pytest.raises(PluginError):
+        catalog.request_classifiers.register(name, ThunderAgentClassifier)
+
+
+def test_catalog_refuses_a_type_of_the_wrong_role() -> None:
+    catalog = builtin_catalog()
+    with pytest.raises(PluginError, match="subclass"):
+        catalog.worker_selectors.register("mine", ThunderAgentClassifier)  # type: ignore[arg-type]
+
+
+def test_unknown_type_lists_registered_types() -> None:
+    expected = r"unknown type 'x'; registered types: \['thunderagent'\]"
+    with pytest.raises(PluginError, match=expected):
+        builtin_catalog().request_classifiers.get("x")

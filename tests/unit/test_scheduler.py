@@ -1,0 +1,336 @@
+"""Named behaviours of the ThunderAgent scheduler core (mission.md, parity baseline)."""
+
+from __future__ import annotations
+
+from dynamo_thunderagent.program import Lifecycle, Phase, RequestState, WorkerKey
+from dynamo_thunderagent.scheduler import Reject, Release
+
+from .conftest import W0, W1, W2, Harness, make
+
+
+def released_to(d, rid):  # type: ignore[no-untyped-def]
+    outcome = d.outcome(rid)
+    assert isinstance(outcome, Release), f"{rid} not released: {outcome}"
+    return outcome.worker
+
+
+def test_turns_of_one_session_are_serialized(h: Harness) -> None:
+    h.workers({W0: 10_000})
+    r1, d1 = h.turn("a", 100)
+    r2, d2 = h.turn("a", 150)
+    assert released_to(d1, r1) == W0
+    assert d2.outcome(r2) is None  # waits behind the first turn
+    assert h.scheduler.table.requests[r2].state is RequestState.QUEUED
+    d3 = h.complete(r1, 120)
+    assert released_to(d3, r2) == W0
+    assert h.program("a").tokens == 150
+
+
+def test_sent_reassigns_program_to_the_worker_that_actually_served_it(h: Harness) -> None:
+    h.workers({W0: 10_000, W1: 10_000})
+    rid, d = h.turn("a", 100)
+    assert released_to(d, rid) == W0
+    h.scheduler.sent(rid, W1, h.now)
+    assert h.program("a").worker == W1
+    assert h.scheduler.table.usage(W1) == 100
+    assert h.scheduler.table.usage(W0) == 0
+
+
+def test_new_program_goes_to_least_used_worker_with_room(h: Harness) -> None:
+    h.workers({W0: 1_000, W1: 1_000, W2: 500})
+    h.acting_on("a", W0, 300)
+    h.acting_on("b", W1, 100)
+    rid, d = h.turn("c", 380)  # W2 is empty but 380 does not fit under 0.95 x 500 = 475? it does
+    assert released_to(d, rid) == W2
+    rid, d = h.turn("d", 200)  # W0 at 0.30, W1 at 0.10, W2 at 0.76 -> W1
+    assert released_to(d, rid) == W1
+
+
+def test_new_program_waits_while_any_program_is_paused(h: Harness) -> None:
+    h.workers({W0: 1_000, W1: 1_000})
+    h.acting_on("a", W0, 900)
+    h.acting_on("b", W1, 900)
+    r, d = h.turn("big", 900)  # fits nowhere: paused
+    assert d.outcome(r) is None and h.state("big") == (Phase.REASONING, Lifecycle.PAUSED)
+    h.complete("x", 0)  # unknown id: ignored
+    h.scheduler.table.usage(W0)
+    r2, d2 = h.turn("small", 10)  # would fit, but must not jump the queue
+    assert d2.outcome(r2) is None
+    assert h.program("small").lifecycle is Lifecycle.PAUSED
+
+
+def test_cold_start_without_capacity_releases(h: Harness) -> None:
+    rid, d = h.turn("a", 100_000)
+    assert released_to(d, rid) is None
+    h.scheduler.set_workers(frozenset({7}), {})  # live, but no card published yet
+    rid2, d2 = h.turn("b", 100_000)
+    assert released_to(d2, rid2) is None
+
+
+def test_live_worker_without_capacity_card_keeps_its_programs(h: Harness) -> None:
+    h.workers({W0: 1_000})
+    h.acting_on("a", W0, 500)
+    h.workers({}, live={0})  # the card is gone, the worker is still live
+    h.tick()
+    assert h.program("a").worker == W0
+    rid, d = h.turn("a", 600)
+    assert released_to(d, rid) == W0  # sticky
+
+
+def test_stale_card_of_a_departed_worker_is_not_used(h: Harness) -> None:
+    h.workers({W0: 1_000, W1: 1_000_000}, live={0})  # W1's card outlived its worker
+    assert WorkerKey(1, 0) not in h.scheduler.capacity.known
+    rid, d = h.turn("a", 100)
+    assert released_to(d, rid) == W0
+    rid, d = h.turn("b", 5_000)  # would fit only on the stale card
+    assert d.outcome(rid) is None
+
+
+def test_all_workers_gone_clears_assignments(h: Harness) -> None:
+    h.workers({W0: 1_000, W1: 1_000})
+    h.acting_on("a", W0, 100)
+    h.acting_on("b", W1, 100)
+    h.workers({}, live=set())
+    d = h.tick()
+    assert sorted(d.unassigned) == ["a", "b"]
+    assert h.program("a").worker is None and h.program("b").worker is None
+    assert h.scheduler.table.assigned_workers() == []
+
+
+def test_pressure_pauses_smallest_acting_program_first_and_stops_at_pause_target(
+    h: Harness,
+) -> None:
+    h.workers({W0: 10_000})
+    for name, size in [("s1", 1_000), ("s2", 2_000), ("s3", 3_000), ("s4", 3_500)]:
+        h.acting_on(name, W0, size)
+    # 9,500 > 0.95 x 10,000? no: equal is not over. Grow one program past it.
+    rid, _ = h.turn("s4", 3_600)
+    h.complete(rid, 3_600)  # usage 9,600 > 9,500
+    d = h.tick()
+    # Pause s1 (9,600 -> 8,600), then s2 (-> 6,600 <= 8,000): stop.
+    assert d.paused == ["s1", "s2"]
+    assert h.scheduler.table.usage(W0) == 6_600
+
+
+def test_pressure_on_one_rank_does_not_pause_programs_on_another(h: Harness) -> None:
+    r0, r1 = WorkerKey(0, 0), WorkerKey(0, 1)
+    h.workers({r0: 1_000, r1: 1_000})
+    h.acting_on("hot1", r0, 500)
+    h.acting_on("cold", r1, 100)
+    h.acting_on("hot2", r0, 480)
+    d = h.tick()
+    assert "cold" not in d.paused
+    assert d.paused == ["hot2"]
+
+
+def test_equal_size_candidates_keep_a_stable_order(h: Harness) -> None:
+    h.workers({W0: 2_000})
+    for name in ["c", "a", "b"]:
+        h.acting_on(name, W0, 320)
+    h.workers({W0: 1_000})  # 960 > 950: one of three equal programs must pause
+    assert h.tick().paused == ["c"]  # the first created, not the first alphabetically
+    h.workers({W0: 2_000})
+    assert h.tick().resumed == [("c", W0)]
+    h.workers({W0: 1_000})
+    assert h.tick().paused == ["c"]  # and again the same one
+
+
+def test_reasoning_programs_are_marked_and_pause_at_their_tool_boundary(h: Harness) -> None:
+    h.workers({W0: 2_000})
+    rid_a, _ = h.turn("a", 900)
+    rid_b, _ = h.turn("b", 500)
+    h.workers({W0: 1_700})  # threshold 1,615, target 1,360
+    rid_a_done = h.complete(rid_a, 1_300)
+    assert not rid_a_done.paused
+    rid_a, d = h.turn("a", 1_300)
+    assert d.outcome(rid_a) is not None  # sticky
+    d = h.tick()  # 1,800 > 1,615, no ACTING program: mark the smallest (b) -> 1,300 <= 1,360
+    assert d.paused == [] and d.marked == ["b"]
+    assert h.state("b") == (Phase.REASONING, Lifecycle.ACTIVE)  # nothing is preempted
+    assert h.tick().marked == []  # already marked: not marked twice
+    d = h.complete(rid_b, 520)
+    assert d.paused == ["b"] and h.state("b") == (Phase.ACTING, Lifecycle.PAUSED)
+    assert not h.program("a").marked_for_pause
+
+
+def test_capacity_growth_resumes_a_waiting_program(h: Harness) -> None:
+    h.workers({W0: 1_000})
+    h.acting_on("a", W0, 800)
+    rid, d = h.turn("b", 500)
+    assert d.outcome(rid) is None
+    h.workers({W0: 4_000})
+    d = h.tick()
+    assert released_to(d, rid) == W0
+    assert d.resumed == [("b", W0)]
+
+
+def test_resume_picks_waiting_turn_then_new_then_acting_each_smallest_first(
+    h: Harness,
+) -> None:
+    h.workers({W0: 10_000})
+    for name, size in [("act-big", 900), ("act-small", 800), ("wait-big", 700),
+                       ("wait-small", 600)]:
+        h.acting_on(name, W0, size)
+    h.workers({W0: 1})  # everything over threshold: pause all ACTING programs
+    assert sorted(h.tick().paused) == ["act-big", "act-small", "wait-big", "wait-small"]
+    _rw_big, _ = h.turn("wait-big", 700)
+    _rw_small, _ = h.turn("wait-small", 600)
+    _rn_big, _ = h.turn("new-big", 500)
+    _rn_small, _ = h.turn("new-small", 400)
+    order = sorted(h.scheduler.table.paused(), key=h.scheduler._resume_order)
+    assert [p.session_id for p in order] == [
+        "wait-small", "wait-big", "new-small", "new-big", "act-small", "act-big"]
+    # Room for exactly the first three (600 + 700 + 400 = 1,700) at 0.85 x 2,000.
+    h.workers({W0: 2_000})
+    d = h.tick()
+    assert sorted(s for s, _ in d.resumed) == ["new-small", "wait-big", "wait-small"]
+
+
+def test_resume_packs_largest_first_onto_the_most_free_worker(h: Harness) -> None:
+    h.workers({W0: 1_000, W1: 1_000})
+    h.acting_on("x", W0, 800)
+    h.acting_on("y", W1, 300)
+    r_big, d = h.turn("big", 700)  # fits on neither rank: paused
+    assert d.paused == ["big"]
+    r_small, d = h.turn("small", 100)  # would fit, but waits behind the paused one
+    assert d.paused == ["small"]
+    h.final("x")  # W0 is free: room at the resume level is W0 850, W1 550
+    d = h.tick()
+    assert released_to(d, r_big) == W0  # largest first, onto the rank with most room
+    assert released_to(d, r_small) == W1  # then W1 has most room (550 > 150)
+
+
+def test_deferral_past_resume_timeout_is_force_released_on_worker_with_most_decayed_room() -> None:
+    h = make(buffer_per_program=0, resume_timeout_seconds=60, acting_decay_tau_seconds=1)
+    h.workers({W0: 1_000, W1: 1_200})
+    h.acting_on("a", W0, 900)
+    h.acting_on("b", W1, 1_100)  # over threshold on W1
+    rid, d = h.turn("c", 2_000)  # never fits
+    assert d.outcome(rid) is None
+    h.advance(30)
+    assert h.tick().outcome(rid) is None
+    h.advance(31)
+    d = h.tick()
+    # After 61 s of tool time both ACTING programs decay to ~0: W1 has more room.
+    assert released_to(d, rid) == W1
+    assert d.forced == ["c"]
+
+
+def test_session_final_waits_for_in_flight_turn_then_frees_capacity(h: Harness) -> None:
+    h.workers({W0: 1_000})
+    rid, _ = h.turn("a", 600)
+    frid, d = h.final("a")
+    assert d.outcome(frid) is None  # waits for the turn
+    assert h.scheduler.table.usage(W0) == 600
+    d = h.complete(rid, 700)
+    final = d.outcome(frid)
+    assert isinstance(final, Release) and final.session_final
+    assert "a" not in h.scheduler.table.programs
+    assert h.scheduler.table.usage(W0) == 0
+
+
+def test_abort_after_session_final_does_not_bring_the_program_back(h: Harness) -> None:
+    h.workers({W0: 1_000})
+    rid, _ = h.turn("a", 600)
+    frid, _ = h.final("a")
+    d = h.abort(rid)
+    assert isinstance(d.outcome(frid), Release)
+    for late in (h.abort(rid), h.complete(rid, 900), h.scheduler.sent(rid, W0, h.now)):
+        assert not late.changed
+    assert "a" not in h.scheduler.table.programs
+    assert h.scheduler.table.usage(W0) == 0
+
+
+def test_idle_programs_expire_after_session_retention() -> None:
+    h = make(session_retention_seconds=100, buffer_per_program=0)
+    h.workers({W0: 1_000})
+    h.acting_on("a", W0, 100)
+    h.advance(99)
+    assert h.tick().expired == []
+    h.advance(1)
+    assert h.tick().expired == ["a"]
+    assert h.scheduler.table.usage(W0) == 0
+
+
+def test_max_tracked_requests_bounds_tracked_requests() -> None:
+    h = make(max_tracked_requests=2)
+    h.workers({W0: 100_000})
+    h.turn("a", 10)
+    h.turn("b", 10)
+    rid, d = h.turn("c", 10)
+    outcome = d.outcome(rid)
+    assert isinstance(outcome, Reject) and "max_tracked_requests=2" in outcome.reason
+    assert "c" not in h.scheduler.table.programs
+
+
+def test_max_tracked_requests_evicts_oldest_idle_program_before_refusing_a_new_one() -> None:
+    h = make(max_tracked_requests=2)
+    h.workers({W0: 100_000})
+    h.acting_on("old", W0, 10)
+    h.advance(1)
+    h.acting_on("newer", W0, 10)
+    rid, d = h.turn("third", 10)
+    assert isinstance(d.outcome(rid), Release)
+    assert d.removed == ["old"]
+    rid4, d4 = h.turn("fourth", 10)  # "newer" is idle, "third" is busy
+    assert isinstance(d4.outcome(rid4), Release) and d4.removed == ["newer"]
+    rid5, d5 = h.turn("fifth", 10)  # now two busy programs: nothing to evict
+    assert isinstance(d5.outcome(rid5), Reject)
+
+
+def test_aborted_admission_rolls_back_a_new_program(h: Harness) -> None:
+    h.workers({W0: 1_000})
+    rid, _ = h.turn("a", 500)
+    h.abort(rid)
+    assert "a" not in h.scheduler.table.programs
+    assert h.scheduler.table.usage(W0) == 0
+
+
+def test_cancelled_deferral_rolls_back_a_new_program(h: Harness) -> None:
+    h.workers({W0: 1_000})
+    h.acting_on("a", W0, 900)
+    rid, d = h.turn("b", 500)
+    assert d.outcome(rid) is None
+    h.scheduler.cancel(rid, h.now)
+    assert "b" not in h.scheduler.table.programs
+    assert not h.scheduler.table.any_paused
+
+
+def test_aborted_turn_of_a_known_program_keeps_it_acting(h: Harness) -> None:
+    h.workers({W0: 1_000})
+    h.acting_on("a", W0, 300)
+    rid, _ = h.turn("a", 350)
+    h.abort(rid)
+    assert h.state("a") == (Phase.ACTING, Lifecycle.ACTIVE)
+
+
+def test_terminal_event_may_arrive_without_sent(h: Harness) -> None:
+    h.workers({W0: 1_000})
+    rid, _ = h.turn("a", 300)
+    h.complete(rid, 350)  # no Sent
+    assert h.state("a") == (Phase.ACTING, Lifecycle.ACTIVE)
+    assert h.program("a").tokens == 350 and h.program("a").steps == 1
+
+
+def test_a_reused_request_id_cannot_read_or_revive_an_old_one(h: Harness) -> None:
+    h.workers({W0: 1_000})
+    rid, _ = h.turn("a", 300, request_id="req-1")
+    _, dup = h.turn("b", 300, request_id="req-1")
+    assert isinstance(dup.outcome("req-1"), Reject)  # while live: refused, not merged
+    assert "b" not in h.scheduler.table.programs
+    h.complete(rid, 320)
+    h.final("a")
+    assert "a" not in h.scheduler.table.programs
+    # The id is free again: a new request under it starts a fresh program ...
+    _, d = h.turn("c", 100, request_id="req-1")
+    assert isinstance(d.outcome("req-1"), Release)
+    # ... and a late Sent for the old request moves nothing of the old session.
+    assert "a" not in h.scheduler.table.programs
+    assert h.program("c").tokens == 100
+
+
+def test_session_final_of_an_unknown_session_is_released_at_once(h: Harness) -> None:
+    frid, d = h.final("never-seen")
+    final = d.outcome(frid)
+    assert isinstance(final, Release) and final.session_final
+    assert h.scheduler.table.requests == {}
