@@ -37,7 +37,10 @@ class ProgramTable:
         self._seq = 0
         # A shared-prefix term per worker/rank (tokens counted once per rank);
         # set by a prefix-aware accounting policy, zero in the parity model.
-        self.shared_prefix_term: dict[WorkerKey, int] = {}
+        self._shared_prefix_term: dict[WorkerKey, int] = {}
+        # usage(w) as a float, refreshed from the integer ledger on every change:
+        # admission reads it for every rank, so it must be a dict lookup.
+        self._usage: dict[WorkerKey, float] = {}
 
     # ---- programs -------------------------------------------------------------
     def create(self, session_id: str, now: float, parent_session_id: str | None) -> Program:
@@ -80,6 +83,7 @@ class ProgramTable:
         ledger.programs += 1
         ledger.shared_credit += program.shared_prefix_tokens
         self._members.setdefault(program.worker, {})[program.session_id] = program
+        self._refresh(program.worker)
 
     def _detach(self, program: Program) -> None:
         if program.lifecycle is Lifecycle.PAUSED:
@@ -99,16 +103,19 @@ class ProgramTable:
         if not members:
             del self._members[program.worker]
             del self._ledger[program.worker]
+        self._refresh(program.worker)
 
-    # ---- queries --------------------------------------------------------------
-    def usage(self, worker: WorkerKey) -> float:
-        """Usage of ``worker`` in tokens (the pressure side; no decay)."""
+    def _refresh(self, worker: WorkerKey) -> None:
+        shared = self._shared_prefix_term.get(worker, 0)
         ledger = self._ledger.get(worker)
-        shared = self.shared_prefix_term.get(worker, 0)
         if ledger is None:
-            return float(shared)
+            if shared:
+                self._usage[worker] = float(shared)
+            else:
+                self._usage.pop(worker, None)
+            return
         model = self.usage_model
-        return (
+        self._usage[worker] = (
             ledger.reasoning_tokens
             + model.acting_token_weight * ledger.acting_tokens
             + model.buffer_per_program * ledger.programs
@@ -116,11 +123,28 @@ class ProgramTable:
             + shared
         )
 
+    def set_shared_prefix_term(self, worker: WorkerKey, tokens: int) -> None:
+        """Tokens of prefixes shared by programs on ``worker``, counted once."""
+        if tokens:
+            self._shared_prefix_term[worker] = tokens
+        else:
+            self._shared_prefix_term.pop(worker, None)
+        self._refresh(worker)
+
+    # ---- queries --------------------------------------------------------------
+    def usage(self, worker: WorkerKey) -> float:
+        """Usage of ``worker`` in tokens (the pressure side; no decay)."""
+        return self._usage.get(worker, 0.0)
+
+    @property
+    def usage_by_rank(self) -> dict[WorkerKey, float]:
+        """Usage of every rank that has any (read-only view)."""
+        return self._usage
+
     def decayed_usage(self, worker: WorkerKey, now: float) -> float:
-        shared = self.shared_prefix_term.get(worker, 0)
-        return shared + sum(
-            self.usage_model.decayed_charge(p, now) for p in self.members(worker)
-        )
+        charge = self.usage_model.decayed_charge
+        shared = self._shared_prefix_term.get(worker, 0)
+        return shared + sum(charge(p, now) for p in self._members.get(worker, {}).values())
 
     def members(self, worker: WorkerKey) -> list[Program]:
         """ACTIVE programs assigned to ``worker``, in creation order."""

@@ -18,6 +18,7 @@ Invariants the property tests check after every step:
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from dynamo_thunderagent.capacity import Capacity, CapacityCard, UsageModel
@@ -200,15 +201,20 @@ class Scheduler:
         self._release(program, request, target, now, d)
 
     def _least_used_with_room(self, need: float) -> WorkerKey | None:
-        best: tuple[float, WorkerKey] | None = None
+        # Runs on every new program's admission over every rank: keep it a
+        # tight loop over precomputed usage (ranks are visited in key order,
+        # so the strict < keeps the lowest worker/rank on equal usage).
+        best: WorkerKey | None = None
+        best_fraction = float("inf")
         threshold = self.params.pause_threshold
+        usage_of = self.table.usage_by_rank.get
         for worker, capacity in self.capacity.known.items():
-            usage = self.table.usage(worker)
+            usage = usage_of(worker, 0.0)
             if usage + need <= capacity * threshold:
-                key = (usage / capacity, worker)
-                if best is None or key < best:
-                    best = key
-        return None if best is None else best[1]
+                fraction = usage / capacity
+                if fraction < best_fraction:
+                    best, best_fraction = worker, fraction
+        return best
 
     def _release(self, program: Program, request: TrackedRequest, worker: WorkerKey | None,
                  now: float, d: Decisions) -> None:
@@ -378,11 +384,15 @@ class Scheduler:
             if need <= free:
                 chosen.append(program)
                 free -= need
+        # Most room first; ties to the lower worker/rank. A heap keeps each
+        # placement O(log ranks) at fleet scale.
+        heap = [(-r, w) for w, r in room.items()]
+        heapq.heapify(heap)
         for program in sorted(chosen, key=lambda p: (-p.tokens, p.seq)):
             need = program.tokens + buffer
-            worker = max(room, key=lambda w: (room[w], _neg(w)))
-            if room[worker] >= need:
-                room[worker] -= need
+            most, worker = heap[0]
+            if -most >= need:
+                heapq.heapreplace(heap, (most + need, worker))
                 self._resume(program, worker, now, d)
         return d
 
@@ -399,24 +409,25 @@ class Scheduler:
     def tick(self, now: float) -> Decisions:
         """One scheduler pass: expire, unassign, resume, force overdue, relieve pressure."""
         d = Decisions()
-        self._expire_idle(now, d)
-        self._drop_dead_assignments(d)
+        self._sweep(now, d)
         self.resume_waiting(now, d)
         self._force_overdue(now, d)
         self._relieve_pressure(now, d)
         return d
 
-    def _expire_idle(self, now: float, d: Decisions) -> None:
+    def _sweep(self, now: float, d: Decisions) -> None:
+        """Expire idle programs past retention; drop assignments to workers that left.
+
+        One pass over the table (it is the only O(programs) step of a tick).
+        """
         retention = self.params.session_retention_seconds
+        live = self.capacity.live_worker_ids
         for program in list(self.table.programs.values()):
             if not program.busy and now - program.last_active >= retention:
                 self.table.remove(program)
                 self.counters["expired"] += 1
                 d.expired.append(program.session_id)
-
-    def _drop_dead_assignments(self, d: Decisions) -> None:
-        for program in list(self.table.programs.values()):
-            if program.worker is not None and not self.capacity.is_live(program.worker):
+            elif program.worker is not None and program.worker.worker_id not in live:
                 with self.table.changing(program):
                     program.worker = None
                 d.unassigned.append(program.session_id)

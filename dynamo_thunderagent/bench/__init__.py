@@ -1,0 +1,1 @@
+"""Benchmarks: scheduler overhead, the live A/B harness and the simulator."""
