@@ -1,0 +1,1 @@
+"""Local Dynamo stack: tiny offline model, mocker workers, frontend and router processes."""
