@@ -27,6 +27,12 @@ def _bench_overhead(args: argparse.Namespace) -> int:
     return run_overhead(args)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from dynamo_thunderagent.dynamo.serve import run_serve
+
+    return run_serve(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dynamo-thunderagent",
@@ -37,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check a router-policy YAML and print it resolved")
     validate.add_argument("path", help="router-policy YAML (e.g. policies/thunderagent.yaml)")
     validate.set_defaults(func=_validate)
+
+    serve = sub.add_parser(
+        "serve", help="run the router component (classifier + selector) in front of workers")
+    from dynamo_thunderagent.dynamo.serve import add_arguments
+
+    add_arguments(serve)
+    serve.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")

@@ -1,0 +1,320 @@
+"""The router component: classifier + selector in front of Dynamo workers.
+
+Request path (one asyncio task per request, driven by Dynamo)::
+
+    frontend --tokenized request--> ThunderAgentRouter.generate
+        classify (admit / defer / reject)  ->  select worker/rank  ->
+        KvRouter.generate_from_request pinned to that worker/rank  ->
+        chunks streamed back unchanged, lifecycle events to the classifier
+
+Background tasks: a worker watch (live instance ids + capacity cards, every
+``refresh_interval`` seconds), the scheduler tick (every
+``classifier.tick_interval``), and an optional loopback HTTP server with the
+router's state for operators and tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from dynamo_thunderagent.classifier import (
+    Admission,
+    AdmissionRejected,
+    RequestClassifier,
+    RequestEvent,
+    Sent,
+)
+from dynamo_thunderagent.dynamo.translate import (
+    StreamTracker,
+    capacity_cards,
+    classify_request,
+    pin_request,
+    session_final_response,
+    with_serving_worker,
+    worker_loads,
+)
+from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.selector import NoEligibleWorker, WorkerSelector
+
+log = structlog.get_logger("dynamo_thunderagent.router")
+
+# Bounded per-request samples kept for the state endpoint (benchmarks read them).
+SAMPLE_LIMIT = 20_000
+
+
+def _client_error(message: str) -> Exception:
+    """An exception Dynamo's frontend turns into an HTTP error that keeps ``message``."""
+    try:
+        from dynamo.llm.exceptions import InvalidArgument
+    except ImportError:  # unit tests without Dynamo installed
+        return RuntimeError(message)
+    error: Exception = InvalidArgument(message)
+    return error
+
+
+class KvRouterLike(Protocol):
+    async def generate_from_request(self, request: Any) -> AsyncIterator[Any]: ...
+    async def get_potential_loads(self, token_ids: list[int]) -> list[dict[str, int]]: ...
+
+
+class ClientLike(Protocol):
+    def instance_ids(self) -> list[int]: ...
+
+
+class CardSource(Protocol):
+    def get_model_cards(self) -> dict[str, str]: ...
+
+
+@dataclass
+class RouterStats:
+    requests: int = 0
+    passthrough: int = 0
+    session_final: int = 0
+    completed: int = 0
+    aborted: int = 0
+    rejected: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    admission_wait_s: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLE_LIMIT))
+
+    def as_dict(self) -> dict[str, Any]:
+        waits = sorted(self.admission_wait_s)
+        def pct(q: float) -> float | None:
+            return waits[min(len(waits) - 1, int(q * len(waits)))] if waits else None
+        return {
+            "requests": self.requests, "passthrough": self.passthrough,
+            "session_final": self.session_final, "completed": self.completed,
+            "aborted": self.aborted, "rejected": self.rejected, "errors": self.errors,
+            "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+            "hit_rate": (self.cached_tokens / self.prompt_tokens) if self.prompt_tokens else None,
+            "admission_wait_p50_s": pct(0.5), "admission_wait_p99_s": pct(0.99),
+            "admission_wait_max_s": waits[-1] if waits else None,
+        }
+
+
+class ThunderAgentRouter:
+    """Applies classifier and selector decisions to a Dynamo KV router."""
+
+    def __init__(
+        self,
+        classifier: RequestClassifier,
+        selector: WorkerSelector,
+        kv_router: KvRouterLike,
+        client: ClientLike,
+        cards: CardSource | None,
+        *,
+        block_size: int = 16,
+        refresh_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.classifier = classifier
+        self.selector = selector
+        self.kv_router = kv_router
+        self.client = client
+        self.cards = cards
+        self.block_size = block_size
+        self.refresh_interval = refresh_interval
+        self.clock = clock
+        self.stats = RouterStats()
+        self.in_flight: dict[str, StreamTracker] = {}
+        self._live: frozenset[int] = frozenset()
+        self._card_keys: frozenset[WorkerKey] = frozenset()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ---- request path -------------------------------------------------------------
+    async def generate(self, request: dict[str, Any], context: Any = None) -> AsyncIterator[Any]:
+        """Dynamo's handler: classify, select, forward, report the lifecycle."""
+        request_id = _request_id(context)
+        self.stats.requests += 1
+        classify_input = classify_request(request, request_id)
+        started = self.clock()
+        try:
+            admission = await _until_stopped(self.classifier.classify(classify_input), context)
+        except AdmissionRejected as rejected:
+            self.stats.rejected += 1
+            raise _client_error(
+                f"thunderagent admission rejected request {request_id}: {rejected.reason}"
+            ) from None
+        if not admission.tracked:
+            self.stats.passthrough += 1
+        else:
+            self.stats.admission_wait_s.append(self.clock() - started)
+        if admission.session_final:
+            self.stats.session_final += 1
+            yield session_final_response(request)
+            return
+        tracker = StreamTracker(request_id, classify_input.input_tokens)
+        self.in_flight[request_id] = tracker
+        try:
+            forwarded = await self._forward(request, admission)
+            async for chunk in await self.kv_router.generate_from_request(forwarded):
+                events = tracker.observe(chunk)
+                if events and tracker.sent_to is not None and any(
+                        isinstance(e, Sent) for e in events):
+                    chunk = with_serving_worker(chunk, tracker.sent_to)
+                self._report(admission, events)
+                yield chunk
+            self._report(admission, tracker.abort("stream ended without a finish reason"))
+        except BaseException as error:  # disconnects and cancellation included
+            self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"))
+            if not isinstance(error, (GeneratorExit, asyncio.CancelledError)):
+                self.stats.errors += 1
+                log.warning("request.failed", request_id=request_id, error=repr(error))
+            raise
+        finally:
+            self.in_flight.pop(request_id, None)
+            if tracker.terminal is not None and tracker.cached_tokens is not None:
+                self.stats.prompt_tokens += tracker.usage_prompt_tokens or tracker.prompt_tokens
+                self.stats.cached_tokens += tracker.cached_tokens
+
+    async def _forward(self, request: dict[str, Any], admission: Admission) -> dict[str, Any]:
+        if not admission.tracked:
+            return request  # no session: the KV router's own choice
+        live = self.client.instance_ids()
+        loads = await self.kv_router.get_potential_loads(list(request.get("token_ids") or []))
+        candidates = worker_loads(loads, live)
+        if not candidates:
+            raise NoEligibleWorker("no live worker serves this model")
+        target = self.selector.select(candidates, admission.preferred, self.block_size)
+        return pin_request(request, target)
+
+    def _report(self, admission: Admission, events: list[RequestEvent]) -> None:
+        if not admission.tracked:
+            return
+        for event in events:
+            self.classifier.on_event(event)
+            name = type(event).__name__
+            if name == "Completed":
+                self.stats.completed += 1
+            elif name == "Aborted":
+                self.stats.aborted += 1
+
+    # ---- background -------------------------------------------------------------
+    def refresh_workers(self) -> bool:
+        """Read liveness and capacity cards; tell the classifier. True if changed."""
+        live = frozenset(self.client.instance_ids())
+        cards = capacity_cards(self.cards.get_model_cards()) if self.cards else {}
+        cards = {k: v for k, v in cards.items() if k.worker_id in live}
+        self.classifier.update_workers(live, cards)
+        block_sizes = {card.block_size for card in cards.values()}
+        if len(block_sizes) == 1:
+            self.block_size = block_sizes.pop()
+        changed = live != self._live or frozenset(cards) != self._card_keys
+        if changed:
+            log.info("workers.changed", live=sorted(live),
+                     ranks={str(k): v.tokens for k, v in sorted(cards.items())})
+        self._live, self._card_keys = live, frozenset(cards)
+        return changed
+
+    async def _watch_workers(self) -> None:
+        while True:
+            try:
+                self.refresh_workers()
+            except Exception as error:  # keep watching; log what failed
+                log.warning("workers.refresh_failed", error=repr(error))
+            await asyncio.sleep(self.refresh_interval)
+
+    async def _tick(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.classifier.tick()
+            except Exception as error:  # a bug must not stop scheduling
+                log.exception("scheduler.tick_failed", error=repr(error))
+
+    def start(self) -> None:
+        """Start the worker watch and the scheduler tick on the running loop."""
+        self._tasks.append(asyncio.create_task(self._watch_workers()))
+        interval = self.classifier.tick_interval
+        if interval is not None:
+            self._tasks.append(asyncio.create_task(self._tick(interval)))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "scheduler": self.classifier.snapshot(),
+            "router": self.stats.as_dict(),
+            "in_flight": len(self.in_flight),
+            "live_workers": sorted(self._live),
+            "block_size": self.block_size,
+        }
+
+
+def _request_id(context: Any) -> str:
+    if context is not None:
+        with contextlib.suppress(Exception):
+            return str(context.id())
+    return uuid.uuid4().hex
+
+
+async def _until_stopped(awaitable: Any, context: Any) -> Admission:
+    """Await admission, but give up (cancelling it) if the client goes away."""
+    stopped = None
+    if context is not None:
+        with contextlib.suppress(Exception):
+            stopped = context.async_killed_or_stopped()
+    if stopped is None:
+        result: Admission = await awaitable
+        return result
+    admission = asyncio.ensure_future(awaitable)
+    stop_watch = asyncio.ensure_future(stopped)
+    try:
+        done, _ = await asyncio.wait({admission, stop_watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        admission.cancel()
+        stop_watch.cancel()
+        raise
+    if admission in done:
+        stop_watch.cancel()
+        return admission.result()
+    admission.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await admission
+    raise asyncio.CancelledError("client went away while waiting for admission")
+
+
+async def serve_state(router: ThunderAgentRouter, host: str, port: int) -> asyncio.AbstractServer:
+    """A tiny loopback HTTP server: GET /state (JSON) and GET /health."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request_line = await asyncio.wait_for(reader.readline(), 5)
+            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
+                pass
+            parts = request_line.decode("latin-1").split()
+            path = parts[1] if len(parts) > 1 else "/"
+            if path.startswith("/state"):
+                status, body = "200 OK", json.dumps(router.state()).encode()
+            elif path.startswith("/health"):
+                status, body = "200 OK", b'{"status": "ok"}'
+            else:
+                status, body = "404 Not Found", b'{"error": "try /state or /health"}'
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+            )
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port)

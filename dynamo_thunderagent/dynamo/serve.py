@@ -1,0 +1,151 @@
+"""``dynamo-thunderagent serve``: run the router component against a Dynamo deployment.
+
+Uses the Dynamo runtime settings from the environment (``DYN_DISCOVERY_BACKEND``,
+``DYN_REQUEST_PLANE``, ``DYN_EVENT_PLANE``, ...), like every Dynamo process.
+The workers must serve the model under ``--endpoint`` in a namespace the
+frontend does not watch (``python -m dynamo.frontend --namespace <ours>``), so
+that every request goes through this router.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from typing import Any
+
+import structlog
+
+from dynamo_thunderagent.catalog import PluginError, default_catalog, load_policy
+from dynamo_thunderagent.config import PolicyError
+
+log = structlog.get_logger("dynamo_thunderagent.serve")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--router-policy-config", required=True,
+                        help="router-policy YAML (same schema as the Dynamo frontend's)")
+    parser.add_argument("--endpoint", required=True,
+                        help="namespace.component.endpoint the workers serve "
+                             "(dyn:// prefix optional)")
+    parser.add_argument("--router-endpoint", default=None,
+                        help="namespace.component.endpoint this router serves; default "
+                             "$DYN_NAMESPACE.thunderagent.generate (namespace 'dynamo')")
+    parser.add_argument("--model-name", required=True, help="served model name")
+    parser.add_argument("--model-path", required=True,
+                        help="model folder or hub id (tokenizer and chat template)")
+    parser.add_argument("--block-size", type=int, default=16,
+                        help="KV block size until the workers' cards say otherwise")
+    parser.add_argument("--refresh-interval", type=float, default=1.0,
+                        help="seconds between reads of worker liveness and capacity")
+    parser.add_argument("--state-host", default="127.0.0.1",
+                        help="host of the state endpoint (GET /state, /health)")
+    parser.add_argument("--state-port", type=int, default=0,
+                        help="port of the state endpoint; 0 disables it")
+
+
+def _endpoint_path(value: str) -> str:
+    path = value.removeprefix("dyn://")
+    if path.count(".") != 2 or any(not part for part in path.split(".")):
+        raise SystemExit(f"error: endpoint {value!r} must look like namespace.component.endpoint")
+    return path
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    # Validate everything before touching the runtime: a bad policy stops
+    # startup with the same message `validate` prints.
+    catalog = default_catalog()
+    try:
+        policy = load_policy(args.router_policy_config, catalog)
+    except (PolicyError, PluginError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if policy.classifier is None or "aggregated" not in policy.stages:
+        print(f"error: {args.router_policy_config}: the router needs request_classifier and "
+              "worker_selection.aggregated", file=sys.stderr)
+        return 2
+    worker_path = _endpoint_path(args.endpoint)
+    namespace = os.environ.get("DYN_NAMESPACE") or "dynamo"
+    router_path = _endpoint_path(args.router_endpoint or f"{namespace}.thunderagent.generate")
+    if router_path.split(".")[0] == worker_path.split(".")[0]:
+        print("error: the router and the workers must be in different namespaces, or the "
+              "frontend would route around the router", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        uvloop.run(_serve(args, policy, catalog, worker_path, router_path))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_path: str,
+                 router_path: str) -> None:
+    from dynamo.llm import (
+        FpmEventSubscriber,
+        KvRouter,
+        KvRouterConfig,
+        ModelInput,
+        ModelType,
+        WorkerType,
+        register_model,
+    )
+    from dynamo.runtime import DistributedRuntime
+
+    from dynamo_thunderagent.dynamo.router import ThunderAgentRouter, serve_state
+
+    loop = asyncio.get_running_loop()
+    runtime = DistributedRuntime(
+        loop,
+        os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"),
+        os.environ.get("DYN_REQUEST_PLANE", "tcp"),
+        event_plane=os.environ.get("DYN_EVENT_PLANE"),
+    )
+    workers = runtime.endpoint(worker_path)
+    client = await workers.client()
+    cards = FpmEventSubscriber(workers)
+    cards.start_tracking()
+    kv_router = KvRouter(workers, args.block_size, KvRouterConfig())
+
+    classifier = catalog.build_classifier(policy.classifier)
+    selector = catalog.build_selector(policy.stages["aggregated"])
+    router = ThunderAgentRouter(classifier, selector, kv_router, client, cards,
+                                block_size=args.block_size,
+                                refresh_interval=args.refresh_interval)
+    router.start()
+    state_server = None
+    if args.state_port:
+        state_server = await serve_state(router, args.state_host, args.state_port)
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    endpoint = runtime.endpoint(router_path)
+    await register_model(
+        ModelInput.Tokens,
+        ModelType.Chat | ModelType.Completions,
+        endpoint,
+        args.model_path,
+        args.model_name,
+        worker_type=WorkerType.Aggregated,
+        kv_cache_block_size=args.block_size,
+    )
+    serving = asyncio.ensure_future(endpoint.serve_endpoint(router.generate))
+    log.info("router.serving", endpoint=router_path, workers=worker_path,
+             model=args.model_name, policy=policy.source,
+             classifier=policy.classifier.type, state_port=args.state_port or None)
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({serving, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    log.info("router.stopping")
+    await router.stop()
+    if state_server is not None:
+        state_server.close()
+    cards.shutdown()
+    runtime.shutdown()
+    serving.cancel()
+    if serving.done() and not serving.cancelled() and serving.exception() is not None:
+        raise serving.exception()  # type: ignore[misc]

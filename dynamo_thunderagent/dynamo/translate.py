@@ -1,0 +1,202 @@
+"""Pure translations between Dynamo's wire shapes and the scheduler's inputs.
+
+Shapes (Dynamo 1.6.1, tokenized requests from ``python -m dynamo.frontend``):
+
+* request: ``{"model", "token_ids", "stop_conditions", "sampling_options",
+  "output_options", "eos_token_ids", "routing", "extra_args",
+  "agent_context": {"session_id", "parent_session_id", "session_final"}, ...}``
+* response chunk: ``{"token_ids", "finish_reason", "completion_usage":
+  {"prompt_tokens", "completion_tokens", "prompt_tokens_details":
+  {"cached_tokens"}}, "routing_data": {"worker_id": {"decode_worker_id",
+  "decode_dp_rank", ...}}}``
+* model card (per worker id, JSON): ``kv_cache_block_size`` and
+  ``runtime_config.{total_kv_blocks, data_parallel_start_rank,
+  data_parallel_size}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynamo_thunderagent.capacity import CapacityCard
+from dynamo_thunderagent.classifier import (
+    Aborted,
+    ClassifyRequest,
+    Completed,
+    RequestEvent,
+    Responding,
+    Sent,
+)
+from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.selector import WorkerLoad
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in {"1", "true", "yes", "on"}
+    return bool(value)
+
+
+def classify_request(request: Mapping[str, Any], request_id: str) -> ClassifyRequest:
+    """What the classifier needs from a tokenized request."""
+    context = request.get("agent_context") or {}
+    session_id = context.get("session_id") or None
+    parent = context.get("parent_session_id") or None
+    token_ids = request.get("token_ids") or []
+    return ClassifyRequest(
+        request_id=request_id,
+        session_id=None if session_id is None else str(session_id),
+        input_tokens=len(token_ids),
+        session_final=_truthy(context.get("session_final", False)),
+        parent_session_id=None if parent is None else str(parent),
+    )
+
+
+def pin_request(request: Mapping[str, Any], worker: WorkerKey) -> dict[str, Any]:
+    """A copy of ``request`` that the KV router must send to exactly ``worker``."""
+    pinned = dict(request)
+    routing = dict(pinned.get("routing") or {})
+    routing["backend_instance_id"] = worker.worker_id
+    routing["dp_rank"] = worker.dp_rank
+    pinned["routing"] = routing
+    return pinned
+
+
+def session_final_response(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The one chunk that answers a session-final request (no worker involved)."""
+    prompt = len(request.get("token_ids") or [])
+    return {
+        "token_ids": [],
+        "finish_reason": "stop",
+        "completion_usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": 0,
+            "total_tokens": prompt,
+        },
+    }
+
+
+def served_by(chunk: Mapping[str, Any]) -> WorkerKey | None:
+    """The worker/rank that served a chunk, from its routing data."""
+    routing = chunk.get("routing_data") or {}
+    worker = routing.get("worker_id") or {}
+    worker_id = worker.get("decode_worker_id", worker.get("prefill_worker_id"))
+    if worker_id is None:
+        return None
+    rank = worker.get("decode_dp_rank", worker.get("prefill_dp_rank")) or 0
+    return WorkerKey(int(worker_id), int(rank))
+
+
+def with_serving_worker(chunk: Mapping[str, Any], worker: WorkerKey) -> dict[str, Any]:
+    """``chunk`` plus the serving worker/rank under ``engine_data.thunderagent``.
+
+    Behind a router component the frontend reports the router's own instance
+    as ``nvext.worker_id``; clients that ask for ``nvext.extra_fields:
+    ["engine_data"]`` see the real worker here.
+    """
+    out = dict(chunk)
+    engine_data = dict(out.get("engine_data") or {})
+    engine_data["thunderagent"] = {"worker_id": worker.worker_id, "dp_rank": worker.dp_rank}
+    out["engine_data"] = engine_data
+    return out
+
+
+@dataclass
+class StreamTracker:
+    """Turns one request's response chunks into lifecycle events, exactly once each.
+
+    ``Sent`` when the serving worker is first known, ``Responding`` at the
+    first generated token, then exactly one terminal event: ``Completed`` with
+    prompt + generated tokens at the finishing chunk, or ``Aborted`` from
+    :meth:`abort` (error, disconnect, cancellation, or a stream that ended
+    without a finish reason).
+    """
+
+    request_id: str
+    prompt_tokens: int
+    sent_to: WorkerKey | None = None
+    responding: bool = False
+    generated_tokens: int = 0
+    cached_tokens: int | None = None
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    terminal: RequestEvent | None = None
+    _pending: list[RequestEvent] = field(default_factory=list)
+
+    def observe(self, chunk: Mapping[str, Any]) -> list[RequestEvent]:
+        """Events this chunk reveals (in order); none after the terminal one."""
+        if self.terminal is not None:
+            return []
+        events: list[RequestEvent] = []
+        worker = served_by(chunk)
+        if worker is not None and self.sent_to is None:
+            self.sent_to = worker
+            events.append(Sent(self.request_id, worker))
+        tokens = chunk.get("token_ids") or []
+        self.generated_tokens += len(tokens)
+        if tokens and not self.responding:
+            self.responding = True
+            events.append(Responding(self.request_id))
+        usage = chunk.get("completion_usage") or {}
+        if usage:
+            self.usage_prompt_tokens = usage.get("prompt_tokens", self.usage_prompt_tokens)
+            self.usage_completion_tokens = usage.get(
+                "completion_tokens", self.usage_completion_tokens)
+            details = usage.get("prompt_tokens_details") or {}
+            if details.get("cached_tokens") is not None:
+                self.cached_tokens = int(details["cached_tokens"])
+        if chunk.get("finish_reason") is not None:
+            prompt = self.usage_prompt_tokens or self.prompt_tokens
+            generated = max(self.generated_tokens, self.usage_completion_tokens or 0)
+            self.terminal = Completed(self.request_id, int(prompt) + int(generated))
+            events.append(self.terminal)
+        return events
+
+    def abort(self, reason: str) -> list[RequestEvent]:
+        """The terminal event if the stream ended any other way; else nothing."""
+        if self.terminal is not None:
+            return []
+        self.terminal = Aborted(self.request_id, reason)
+        return [self.terminal]
+
+
+def capacity_cards(model_cards: Mapping[str, str | Mapping[str, Any]]) -> dict[WorkerKey, CapacityCard]:
+    """Capacity cards per worker/rank from the workers' published model cards.
+
+    A card without ``total_kv_blocks`` (or with a non-positive block size)
+    contributes nothing: that worker is live but its capacity is unknown.
+    """
+    cards: dict[WorkerKey, CapacityCard] = {}
+    for worker_id, raw in model_cards.items():
+        card = json.loads(raw) if isinstance(raw, str) else raw
+        runtime = card.get("runtime_config") or {}
+        blocks = runtime.get("total_kv_blocks")
+        block_size = card.get("kv_cache_block_size")
+        if not blocks or not block_size or int(block_size) <= 0:
+            continue
+        start = int(runtime.get("data_parallel_start_rank") or 0)
+        size = max(1, int(runtime.get("data_parallel_size") or 1))
+        for rank in range(start, start + size):
+            cards[WorkerKey(int(worker_id), rank)] = CapacityCard(int(blocks), int(block_size))
+    return cards
+
+
+def worker_loads(
+    potential_loads: Iterable[Mapping[str, Any]], live_worker_ids: Iterable[int]
+) -> list[WorkerLoad]:
+    """Selector candidates: the KV router's per-rank loads, live workers only."""
+    live = set(live_worker_ids)
+    loads = []
+    for row in potential_loads:
+        worker_id = int(row["worker_id"])
+        if worker_id not in live:
+            continue
+        loads.append(WorkerLoad(
+            worker=WorkerKey(worker_id, int(row.get("dp_rank") or 0)),
+            prefill_tokens=int(row.get("potential_prefill_tokens") or 0),
+            decode_blocks=int(row.get("potential_decode_blocks") or 0),
+        ))
+    return sorted(loads, key=lambda load: load.worker)
