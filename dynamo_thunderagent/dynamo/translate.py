@@ -163,7 +163,9 @@ class StreamTracker:
         return [self.terminal]
 
 
-def capacity_cards(model_cards: Mapping[str, str | Mapping[str, Any]]) -> dict[WorkerKey, CapacityCard]:
+def capacity_cards(
+    model_cards: Mapping[str, str | Mapping[str, Any]],
+) -> dict[WorkerKey, CapacityCard]:
     """Capacity cards per worker/rank from the workers' published model cards.
 
     A card without ``total_kv_blocks`` (or with a non-positive block size)

@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--speedup-ratio", type=float, default=10.0, help="mocker speedup (default: 10)"
     )
     parser.add_argument(
-        "--policy", type=Path, default=None, help="router-policy YAML for --arm builtin"
+        "--policy", type=Path, default=None, help="router-policy YAML for --arm builtin or ours"
     )
     parser.add_argument(
         "--port", type=int, default=None, help="frontend HTTP port (default: a free one)"

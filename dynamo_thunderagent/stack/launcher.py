@@ -7,7 +7,7 @@ The arms are the systems a benchmark compares:
   router-policy YAML (``--router-policy-config``).
 * ``dynamo-python``: Dynamo's experimental ``python -m dynamo.thunderagent_router`` component
   between the frontend and the workers.
-* ``ours``: our router component, started from ``router_cmd``.
+* ``ours``: our router component (``dynamo-thunderagent serve``), or ``router_cmd``.
 
 Topology of the two router arms. A router component becomes the frontend's handler for the
 model by calling ``register_model`` on its own endpoint. The mocker workers also register the
@@ -77,6 +77,9 @@ WORKER_COMPONENT = "backend"
 WORKER_ENDPOINT_NAME = "generate"
 OUR_ROUTER_COMPONENT = "router"
 
+# The policy our router runs with when the stack is given none.
+DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "policies" / "thunderagent.yaml"
+
 _PR_SET_PDEATHSIG = 1
 # DYN_SYSTEM_PORT must fit an i16 in Dynamo 1.6.1.
 SYSTEM_PORT_RANGE = (20000, 32767)
@@ -130,7 +133,8 @@ class StackConfig:
     speedup_ratio: float = 10.0
     mocker_args: list[str] = field(default_factory=list)
     frontend_args: list[str] = field(default_factory=list)
-    # builtin: the router-policy YAML; None writes BUILTIN_POLICY_YAML into the run dir.
+    # builtin and ours: the router-policy YAML. None: for builtin, BUILTIN_POLICY_YAML written
+    # into the run dir; for ours, the project's policies/thunderagent.yaml.
     policy: Path | None = None
     # dynamo-python: extra flags for dynamo.thunderagent_router (e.g. --pause-threshold 0.9).
     router_args: list[str] = field(default_factory=list)
@@ -161,10 +165,10 @@ class StackConfig:
             raise ValueError("num_gpu_blocks and block_size must be >= 1")
         if self.speedup_ratio <= 0:
             raise ValueError(f"speedup_ratio must be > 0, got {self.speedup_ratio}")
-        if self.arm == "ours" and not self.router_cmd:
-            raise ValueError("arm 'ours' needs router_cmd (the router component's command line)")
-        if self.arm != "builtin" and self.policy is not None:
-            raise ValueError("policy (a router-policy YAML) only applies to arm 'builtin'")
+        if self.arm not in ("builtin", "ours") and self.policy is not None:
+            raise ValueError(
+                "policy (a router-policy YAML) only applies to arms 'builtin' and 'ours'"
+            )
 
 
 def free_port() -> int:
@@ -227,6 +231,8 @@ class LocalStack:
         self.run_dir = Path(base.run_dir or tempfile.mkdtemp(prefix="dta-stack-"))
         self.model_path: Path = base.model_path or self.run_dir / "model"
         self.policy_path: Path | None = None
+        # Our router's loopback state endpoint (GET /state), in arm ours.
+        self.state_port: int | None = free_port() if base.arm == "ours" else None
         self._stopped = False
         self._atexit_registered = False
 
@@ -261,6 +267,13 @@ class LocalStack:
         if self.config.arm == "dynamo-python":
             return f"{self.namespace}.thunderagent_router.generate"
         return None
+
+    @property
+    def state_url(self) -> str | None:
+        """Our router's state endpoint (arm ours with the default router command)."""
+        if self.state_port is None or self.config.router_cmd is not None:
+            return None
+        return f"http://{LOOPBACK}:{self.state_port}/state"
 
     @property
     def kv_dir(self) -> Path:
@@ -530,8 +543,22 @@ class LocalStack:
                 "python": cfg.python,
             }
             router_env.update({f"DTA_{key.upper()}": value for key, value in values.items()})
-            assert cfg.router_cmd is not None  # validated
-            argv = [item.format(**values) for item in cfg.router_cmd] + cfg.router_args
+            if cfg.router_cmd is not None:
+                argv = [item.format(**values) for item in cfg.router_cmd] + cfg.router_args
+            else:
+                policy = (cfg.policy or DEFAULT_POLICY).resolve()
+                self.policy_path = policy
+                argv = [
+                    cfg.python, "-m", "dynamo_thunderagent", "serve",
+                    "--router-policy-config", str(policy),
+                    "--endpoint", self.worker_endpoint,
+                    "--router-endpoint", self.router_endpoint or "",
+                    "--model-name", cfg.model_name,
+                    "--model-path", str(self.model_path),
+                    "--block-size", str(cfg.block_size),
+                    "--state-port", str(self.state_port),
+                    *cfg.router_args,
+                ]  # fmt: skip
         self._spawn("router", "router", argv, router_env, system_port=free_system_port())
 
     def _spawn(
