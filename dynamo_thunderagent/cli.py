@@ -51,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(serve)
     serve.set_defaults(func=_serve)
 
+    from dynamo_thunderagent.stack.__main__ import build_parser as stack_parser
+    from dynamo_thunderagent.stack.__main__ import run_stack_cli
+
+    stack = sub.add_parser(
+        "stack", parents=[stack_parser()], add_help=False, conflict_handler="resolve",
+        help="start a loopback Dynamo stack (mocker workers, frontend, router) until Ctrl-C")
+    stack.set_defaults(func=run_stack_cli)
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
     overhead = bench_sub.add_parser(

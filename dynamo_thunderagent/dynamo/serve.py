@@ -32,7 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(dyn:// prefix optional)")
     parser.add_argument("--router-endpoint", default=None,
                         help="namespace.component.endpoint this router serves; default "
-                             "$DYN_NAMESPACE.thunderagent.generate (namespace 'dynamo')")
+                             "$DYN_NAMESPACE.router.generate, namespace 'thunderagent' if "
+                             "DYN_NAMESPACE is unset. Start the frontend with --namespace "
+                             "<that namespace> so that it sees only this router")
     parser.add_argument("--model-name", required=True, help="served model name")
     parser.add_argument("--model-path", required=True,
                         help="model folder or hub id (tokenizer and chat template)")
@@ -67,12 +69,16 @@ def run_serve(args: argparse.Namespace) -> int:
               "worker_selection.aggregated", file=sys.stderr)
         return 2
     worker_path = _endpoint_path(args.endpoint)
-    namespace = os.environ.get("DYN_NAMESPACE") or "dynamo"
-    router_path = _endpoint_path(args.router_endpoint or f"{namespace}.thunderagent.generate")
+    namespace = os.environ.get("DYN_NAMESPACE") or "thunderagent"
+    router_path = _endpoint_path(args.router_endpoint or f"{namespace}.router.generate")
     if router_path.split(".")[0] == worker_path.split(".")[0]:
         print("error: the router and the workers must be in different namespaces, or the "
               "frontend would route around the router", file=sys.stderr)
         return 2
+    if router_path.split(".")[0] == "dynamo":
+        log.warning("router.namespace_not_scoped", namespace="dynamo",
+                    hint="a frontend cannot scope discovery to namespace 'dynamo' and will also "
+                         "see the workers; serve the router in another namespace")
     try:
         import uvloop
 
