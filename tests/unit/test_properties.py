@@ -1,0 +1,595 @@
+"""Invariants of the scheduler core over random event orders (hypothesis).
+
+The state machine plays two parts: the *client* (the shell and the agents
+behind it), which knows only what the scheduler told it (which requests were
+released or rejected) and which events it sent back; and the *checker*, which
+looks inside the program table after every step. The client behaves like a
+real one, but with every interleaving the network allows: turns of the same
+session overlap, completions and aborts arrive in any order, workers come and
+go, capacity changes under running programs, and stale events for requests
+that ended long ago still arrive.
+
+Time moves only through the fake clock. While a worker is live the clock moves
+in steps of at most one scheduler interval with a tick after each step, as the
+shell does; while no worker is live the clock may jump (a cluster that is
+restarting), which is when the deferral bound does not apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from dynamo_thunderagent.capacity import CapacityCard, UsageModel
+from dynamo_thunderagent.classifier import (
+    AdmissionRejected,
+    ClassifyRequest,
+    ThunderAgentClassifier,
+)
+from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.program import Lifecycle, Phase, Program, RequestState, WorkerKey
+from dynamo_thunderagent.program_table import ProgramTable
+from dynamo_thunderagent.scheduler import Decisions, Scheduler
+from dynamo_thunderagent.selector import ThunderAgentSelector, WorkerLoad
+
+MAX_TRACKED = 8
+SESSIONS = tuple(f"s{i}" for i in range(MAX_TRACKED + 2))  # more sessions than the bound
+WORKER_IDS = (1, 2, 3)
+RANKS = tuple(WorkerKey(w, r) for w in WORKER_IDS for r in (0, 1))
+INTERVAL = 5.0
+TIMEOUT = 30.0
+RETENTION = 60.0
+TOLERANCE = 1e-6
+
+# A few parameter sets: the parity defaults scaled down, a heavy per-program
+# buffer, and a light ACTING weight with a fast decay.
+PARAMETER_SETS = [
+    dict(buffer_per_program=10, acting_token_weight=1.0, acting_decay_tau_seconds=1.0),
+    dict(buffer_per_program=100, acting_token_weight=1.0, acting_decay_tau_seconds=5.0),
+    dict(buffer_per_program=0, acting_token_weight=0.5, acting_decay_tau_seconds=0.5,
+         pause_threshold=0.8, pause_target=0.5, resume_hysteresis=0.3),
+]
+
+small_cards = st.builds(CapacityCard, total_kv_blocks=st.integers(0, 40),
+                        block_size=st.sampled_from([8, 16]))
+cards_strategy = st.dictionaries(st.sampled_from(RANKS), small_cards)
+
+
+@dataclass
+class Submitted:
+    """What the client remembers about one of its requests."""
+
+    request_id: str
+    session_id: str
+    input_tokens: int
+    final: bool
+    at: float
+
+
+def close(a: float, b: float) -> bool:
+    return abs(a - b) <= TOLERANCE * max(1.0, abs(a), abs(b))
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1000.0
+        self.ids = itertools.count()
+        self.live: frozenset[int] = frozenset()
+        self.cards: dict[WorkerKey, CapacityCard] = {}
+        self.live_since: float | None = None  # start of the current stretch with a live worker
+        # The client's view.
+        self.pending: dict[str, Submitted] = {}  # submitted, no answer yet
+        self.released: dict[str, Submitted] = {}  # released turns not yet finished
+        self.outcome: dict[str, str] = {}  # terminal outcome of every finished request
+        self.deferred_at: dict[str, float] = {}  # when the checker first saw it DEFERRED
+        self.seen_deferred = False
+        self.steps = 0
+        self.seen_marked = False
+
+    # ---- setup -----------------------------------------------------------------
+    @initialize(params=st.sampled_from(PARAMETER_SETS),
+                live=st.frozensets(st.sampled_from(WORKER_IDS), min_size=1),
+                cards=st.dictionaries(st.sampled_from(RANKS), small_cards, min_size=1))
+    def start(self, params: dict[str, Any], live: frozenset[int],
+              cards: dict[WorkerKey, CapacityCard]) -> None:
+        # Most runs start with a small live cluster, so that pressure, pausing
+        # and resuming happen within a few dozen steps.
+        self.params = ThunderAgentParameters(
+            resume_timeout_seconds=TIMEOUT,
+            session_retention_seconds=RETENTION,
+            scheduler_interval_seconds=INTERVAL,
+            max_tracked_requests=MAX_TRACKED,
+            **params,
+        )
+        self.scheduler = Scheduler(self.params)
+        self.set_workers(live, cards)
+
+    @property
+    def table(self) -> ProgramTable:
+        return self.scheduler.table
+
+    # ---- the client's bookkeeping --------------------------------------------------
+    def absorb(self, d: Decisions, submitted: str | None = None) -> None:
+        """Apply one call's decisions to the client's view, checking each one."""
+        for release in d.released:
+            rid = release.request_id
+            assert rid not in self.released, f"{rid} released twice"
+            assert rid not in self.outcome, f"{rid} released after it ended ({self.outcome[rid]})"
+            assert rid in self.pending, f"release of a request nobody waits for: {rid}"
+            sub = self.pending.pop(rid)
+            assert release.session_final == sub.final, f"{rid}: session_final flag mismatch"
+            if release.worker is not None:
+                assert self.scheduler.capacity.is_live(release.worker), (
+                    f"{rid} released to {release.worker}, which is not live")
+            self.deferred_at.pop(rid, None)
+            if sub.final:
+                self.outcome[rid] = "final-released"
+                assert release.worker is None
+            else:
+                self.released[rid] = sub
+        for reject in d.rejected:
+            rid = reject.request_id
+            assert rid == submitted, f"{rid} rejected outside its own submit"
+            assert reject.reason
+            self.pending.pop(rid)
+            self.outcome[rid] = "rejected"
+
+    def submit(self, session: str, tokens: int, *, final: bool) -> str:
+        rid = f"r{next(self.ids)}"
+        self.pending[rid] = Submitted(rid, session, tokens, final, self.now)
+        d = self.scheduler.submit(rid, session, tokens, self.now, session_final=final)
+        self.absorb(d, submitted=rid)
+        return rid
+
+    def pick(self, data: st.DataObject, pool: dict[str, Submitted]) -> str:
+        return data.draw(st.sampled_from(sorted(pool)))
+
+    def tick(self) -> None:
+        d = self.scheduler.tick(self.now)
+        self.seen_marked = self.seen_marked or bool(d.marked)
+        self.absorb(d)
+        self.observe()
+        self.check_after_tick()
+
+    def set_workers(self, live: frozenset[int], cards: dict[WorkerKey, CapacityCard]) -> None:
+        if live and not self.live:
+            self.live_since = self.now
+        elif not live:
+            self.live_since = None
+        self.live, self.cards = live, dict(cards)
+        self.scheduler.set_workers(live, dict(cards))
+
+    def observe(self) -> None:
+        """Note when each request was first seen deferred (the deferral clock)."""
+        for rid, request in self.table.requests.items():
+            if request.state is RequestState.DEFERRED:
+                self.deferred_at.setdefault(rid, self.now)
+                self.seen_deferred = True
+            else:
+                self.deferred_at.pop(rid, None)
+
+    # ---- rules: requests -----------------------------------------------------------
+    @rule(session=st.sampled_from(SESSIONS), tokens=st.integers(0, 400))
+    def new_turn(self, session: str, tokens: int) -> None:
+        self.submit(session, tokens, final=False)
+
+    @rule(sessions=st.lists(st.sampled_from(SESSIONS), min_size=2, max_size=6, unique=True),
+          tokens=st.lists(st.integers(0, 300), min_size=6, max_size=6))
+    def burst_of_new_turns(self, sessions: list[str], tokens: list[int]) -> None:
+        """Many agents start (or continue) at the same instant, as in an RL rollout."""
+        for session, size in zip(sessions, tokens, strict=False):
+            self.submit(session, size, final=False)
+
+    @precondition(lambda self: self.released)
+    @rule(data=st.data(), generated=st.integers(0, 200), tool_output=st.integers(0, 100),
+          go_on=st.booleans())
+    def agent_step(self, data: st.DataObject, generated: int, tool_output: int,
+                   go_on: bool) -> None:
+        """A turn completes and the agent (maybe) sends its next, longer turn right away."""
+        rid = self.pick(data, self.released)
+        sub = self.released.pop(rid)
+        context = sub.input_tokens + generated
+        self.outcome[rid] = "completed"
+        self.absorb(self.scheduler.completed(rid, context, self.now))
+        if go_on:
+            self.submit(sub.session_id, context + tool_output, final=False)
+
+    @rule(session=st.sampled_from(SESSIONS))
+    def session_final(self, session: str) -> None:
+        self.submit(session, 0, final=True)
+
+    @precondition(lambda self: self.released)
+    @rule(data=st.data(), generated=st.integers(0, 200))
+    def complete(self, data: st.DataObject, generated: int) -> None:
+        rid = self.pick(data, self.released)
+        sub = self.released.pop(rid)
+        self.outcome[rid] = "completed"
+        self.absorb(self.scheduler.completed(rid, sub.input_tokens + generated, self.now))
+        assert rid not in self.table.requests
+
+    @precondition(lambda self: self.released)
+    @rule(data=st.data())
+    def abort_released(self, data: st.DataObject) -> None:
+        rid = self.pick(data, self.released)
+        self.released.pop(rid)
+        self.outcome[rid] = "aborted"
+        self.absorb(self.scheduler.aborted(rid, self.now))
+        assert rid not in self.table.requests
+
+    @precondition(lambda self: self.pending)
+    @rule(data=st.data(), how=st.sampled_from(["cancel", "abort"]))
+    def give_up_waiting(self, data: st.DataObject, how: str) -> None:
+        """The client stops waiting for a deferred/queued request (disconnect, timeout)."""
+        rid = self.pick(data, self.pending)
+        self.pending.pop(rid)
+        self.deferred_at.pop(rid, None)
+        self.outcome[rid] = "cancelled"
+        call = self.scheduler.cancel if how == "cancel" else self.scheduler.aborted
+        self.absorb(call(rid, self.now))
+        assert rid not in self.table.requests
+
+    @precondition(lambda self: self.released)
+    @rule(data=st.data(), live_only=st.booleans())
+    def sent(self, data: st.DataObject, live_only: bool) -> None:
+        """The frontend reports where a released turn went; the worker may have left since."""
+        rid = self.pick(data, self.released)
+        ranks = [w for w in RANKS if w.worker_id in self.live] if live_only else list(RANKS)
+        if not ranks:
+            return
+        worker = data.draw(st.sampled_from(ranks))
+        d = self.scheduler.sent(rid, worker, self.now)
+        assert not d.changed
+        program = self.table.programs[self.released[rid].session_id]
+        assert program.worker == worker, "a sent turn's program lives where it was served"
+
+    @precondition(lambda self: self.released)
+    @rule(data=st.data())
+    def responding(self, data: st.DataObject) -> None:
+        rid = self.pick(data, self.released)
+        assert not self.scheduler.responding(rid, self.now).changed
+
+    @rule(data=st.data(), kind=st.sampled_from(["sent", "responding", "completed", "aborted",
+                                                 "cancel"]))
+    def stale_event(self, data: st.DataObject, kind: str) -> None:
+        """Events for requests that ended (or never existed) change nothing."""
+        choices = [*sorted(self.outcome), "never-submitted"]
+        rid = data.draw(st.sampled_from(choices))
+        before = self.scheduler.snapshot(self.now)
+        if kind == "sent":
+            d = self.scheduler.sent(rid, RANKS[0], self.now)
+        elif kind == "responding":
+            d = self.scheduler.responding(rid, self.now)
+        elif kind == "completed":
+            d = self.scheduler.completed(rid, 10_000, self.now)
+        elif kind == "aborted":
+            d = self.scheduler.aborted(rid, self.now)
+        else:
+            d = self.scheduler.cancel(rid, self.now)
+        assert not d.changed
+        assert self.scheduler.snapshot(self.now) == before
+
+    @precondition(lambda self: self.pending or self.released)
+    @rule(data=st.data())
+    def duplicate_request_id(self, data: st.DataObject) -> None:
+        """A request id that is still in flight is refused without touching its original."""
+        rid = data.draw(st.sampled_from(sorted([*self.pending, *self.released])))
+        before = {k: (r.state, r.session_id) for k, r in self.table.requests.items()}
+        d = self.scheduler.submit(rid, SESSIONS[0], 1, self.now)
+        assert [r.request_id for r in d.rejected] == [rid] and not d.released
+        assert {k: (r.state, r.session_id) for k, r in self.table.requests.items()} == before
+
+    # ---- rules: workers and capacity ------------------------------------------------
+    @rule(live=st.frozensets(st.sampled_from(WORKER_IDS)), cards=cards_strategy)
+    def workers_change(self, live: frozenset[int], cards: dict[WorkerKey, CapacityCard]) -> None:
+        self.set_workers(live, cards)
+
+    @rule(rank=st.sampled_from(RANKS), blocks=st.integers(0, 40))
+    def capacity_changes(self, rank: WorkerKey, blocks: int) -> None:
+        cards = dict(self.cards)
+        block_size = cards[rank].block_size if rank in cards else 16
+        cards[rank] = CapacityCard(blocks, block_size)
+        self.set_workers(self.live, cards)
+
+    # ---- rules: time ------------------------------------------------------------------
+    @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 2.5, INTERVAL]))
+    def advance_and_tick(self, dt: float) -> None:
+        self.now += dt
+        self.tick()
+
+    @rule(ticks=st.integers(1, 15))
+    def many_ticks(self, ticks: int) -> None:
+        """Long tool calls: a run of full intervals, past resume_timeout and retention."""
+        for _ in range(ticks):
+            self.now += INTERVAL
+            self.tick()
+
+    @precondition(lambda self: not self.live)
+    @rule(dt=st.floats(0.1, 3 * RETENTION), tick=st.booleans())
+    def time_passes_without_workers(self, dt: float, tick: bool) -> None:
+        self.now += dt
+        if tick:
+            self.tick()
+
+    # ---- the end ------------------------------------------------------------------------
+    @rule()
+    def end_everything(self) -> None:
+        """Finish every request and end every session: nothing may be left behind."""
+        while self.pending or self.released:
+            for rid in sorted(self.pending):
+                if rid in self.pending:  # an earlier call in this loop may have released it
+                    self.pending.pop(rid)
+                    self.deferred_at.pop(rid, None)
+                    self.outcome[rid] = "cancelled"
+                    self.absorb(self.scheduler.cancel(rid, self.now))
+            for rid in sorted(self.released):
+                sub = self.released.pop(rid)
+                self.outcome[rid] = "completed"
+                self.absorb(self.scheduler.completed(rid, sub.input_tokens, self.now))
+        for session in SESSIONS:
+            rid = self.submit(session, 0, final=True)
+            assert self.outcome.get(rid) == "final-released", f"final of {session} not released"
+        self.tick()
+        table = self.table
+        assert not table.programs, f"programs left: {sorted(table.programs)}"
+        assert not table.requests, f"requests left: {sorted(table.requests)}"
+        assert not table.paused() and not table.assigned_workers()
+        for rank in RANKS:
+            assert table.usage(rank) == 0.0
+            assert table.decayed_usage(rank, self.now) == 0.0
+
+    def teardown(self) -> None:
+        # Visible with --hypothesis-show-statistics: which paths the examples reached.
+        if hasattr(self, "scheduler"):
+            for name, count in self.scheduler.counters.items():
+                if count:
+                    event(f"scheduler {name}")
+            for outcome in set(self.outcome.values()):
+                event(f"request {outcome}")
+            event(f"steps {min(self.steps // 10 * 10, 50)}+")
+            if self.seen_deferred:
+                event("request deferred")
+            if self.seen_marked:
+                event("program marked for pause")
+
+    # ---- invariants -------------------------------------------------------------------
+    @invariant()
+    def note_deferrals(self) -> None:
+        if hasattr(self, "scheduler"):
+            self.steps += 1
+            self.observe()
+
+    @invariant()
+    def every_program_has_one_state_and_every_request_one_slot(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        slots: dict[str, str] = {}
+        for sid, program in self.table.programs.items():
+            assert program.session_id == sid
+            assert isinstance(program.phase, Phase)
+            assert isinstance(program.lifecycle, Lifecycle)
+            entries = [program.current, *program.waiting, program.final_request]
+            for rid in entries:
+                if rid is None:
+                    continue
+                assert rid not in slots, f"{rid} is in two slots ({slots[rid]} and {sid})"
+                slots[rid] = sid
+                request = self.table.requests.get(rid)
+                assert request is not None, f"{sid} holds {rid}, which is not tracked"
+                assert request.session_id == sid
+            for rid in [*program.waiting, program.final_request]:
+                if rid is not None:
+                    assert self.table.requests[rid].state is RequestState.QUEUED
+            if program.current is None:
+                # Nothing may be stranded behind a turn that is not there.
+                assert not program.waiting, f"{sid}: turns queued behind no turn"
+                assert program.final_request is None, f"{sid}: session-final behind no turn"
+                assert program.phase is Phase.ACTING
+                assert not program.marked_for_pause
+            else:
+                current = self.table.requests[program.current]
+                assert current.state in (RequestState.DEFERRED, RequestState.RELEASED)
+                assert program.phase is Phase.REASONING
+                if current.state is RequestState.DEFERRED:
+                    # The force-resume path finds deferred turns by these two fields.
+                    assert program.lifecycle is Lifecycle.PAUSED, f"{sid}: deferred but ACTIVE"
+                    assert program.deferred_since is not None
+                    assert program.deferred_since <= self.now
+                else:
+                    assert program.lifecycle is Lifecycle.ACTIVE, f"{sid}: in flight but PAUSED"
+            if program.marked_for_pause:
+                assert program.lifecycle is Lifecycle.ACTIVE
+        assert set(slots) == set(self.table.requests), (
+            f"tracked requests outside every slot: {set(self.table.requests) - set(slots)}")
+
+    @invariant()
+    def one_turn_in_flight_per_session(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        in_flight: dict[str, list[str]] = {}
+        for rid, request in self.table.requests.items():
+            if request.state in (RequestState.DEFERRED, RequestState.RELEASED):
+                in_flight.setdefault(request.session_id, []).append(rid)
+        for sid, rids in in_flight.items():
+            assert len(rids) == 1, f"{sid} has {rids} in flight"
+            assert self.table.programs[sid].current == rids[0]
+        # The client's view agrees: at most one released turn per session.
+        sessions = [sub.session_id for sub in self.released.values()]
+        assert len(sessions) == len(set(sessions))
+
+    @invariant()
+    def tracking_is_bounded(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        assert len(self.table.requests) <= MAX_TRACKED
+        assert len(self.table.programs) <= MAX_TRACKED
+
+    @invariant()
+    def usage_ledger_equals_a_recount(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        recount: dict[WorkerKey, float] = {}
+        for program in self.table.programs.values():
+            if program.lifecycle is Lifecycle.ACTIVE and program.worker is not None:
+                charge = self.scheduler.usage_model.charge(program)
+                recount[program.worker] = recount.get(program.worker, 0.0) + charge
+        for rank in set(recount) | set(RANKS) | set(self.table.assigned_workers()):
+            ledger = self.table.usage(rank)
+            assert close(ledger, recount.get(rank, 0.0)), (
+                f"usage({rank}) = {ledger}, recount = {recount.get(rank, 0.0)}")
+        members = {
+            sid for rank in self.table.assigned_workers()
+            for sid in (p.session_id for p in self.table.members(rank))
+        }
+        assert members == {
+            p.session_id for p in self.table.programs.values()
+            if p.lifecycle is Lifecycle.ACTIVE and p.worker is not None
+        }
+
+    @invariant()
+    def paused_bookkeeping_matches_lifecycles(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        paused = sorted(p.session_id for p in self.table.paused())
+        expected = sorted(
+            sid for sid, p in self.table.programs.items() if p.lifecycle is Lifecycle.PAUSED)
+        assert paused == expected
+        assert self.table.any_paused == bool(expected)
+
+    @invariant()
+    def deferral_is_bounded_while_a_worker_is_live(self) -> None:
+        if not hasattr(self, "scheduler") or self.live_since is None:
+            return
+        bound = TIMEOUT + INTERVAL
+        for rid, since in self.deferred_at.items():
+            waited = self.now - max(since, self.live_since)
+            assert waited <= bound, (
+                f"{rid} deferred since {since} (workers live since {self.live_since}) "
+                f"is still deferred at {self.now}: {waited}s > {bound}s")
+
+    @invariant()
+    def client_and_scheduler_agree_on_what_is_in_flight(self) -> None:
+        """Every submitted request is answered exactly once, and none is forgotten."""
+        if not hasattr(self, "scheduler"):
+            return
+        assert not (set(self.pending) & set(self.released))
+        assert not ((set(self.pending) | set(self.released)) & set(self.outcome))
+        assert set(self.table.requests) == set(self.pending) | set(self.released), (
+            "scheduler tracks "
+            f"{sorted(set(self.table.requests) - set(self.pending) - set(self.released))} "
+            "that the client finished, and forgot "
+            f"{sorted((set(self.pending) | set(self.released)) - set(self.table.requests))}")
+        for rid in self.released:
+            assert self.table.requests[rid].state is RequestState.RELEASED
+        for rid in self.pending:
+            assert self.table.requests[rid].state is not RequestState.RELEASED
+
+    # ---- checks right after a tick ----------------------------------------------------
+    def check_after_tick(self) -> None:
+        if self.scheduler.capacity.any_live:
+            for rid, since in self.deferred_at.items():
+                assert self.now - since < TIMEOUT, (
+                    f"{rid} deferred since {since} survived a tick at {self.now} with a live "
+                    "worker past resume_timeout")
+        if any(p.current is not None for p in self.table.programs.values()):
+            return
+        # No turn in flight: pressure relief had only ACTING programs to pause.
+        threshold = self.params.pause_threshold
+        for rank, capacity in self.scheduler.capacity.known.items():
+            usage = self.table.usage(rank)
+            if usage <= capacity * threshold + TOLERANCE:
+                continue
+            active_acting = [p.session_id for p in self.table.members(rank)
+                             if p.phase is Phase.ACTING]
+            assert not active_acting, (
+                f"after a quiet tick {rank} uses {usage} > {capacity} x {threshold} and "
+                f"still has ACTING programs {active_acting} it could pause")
+
+
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=200, stateful_step_count=50, deadline=None)
+TestSchedulerInvariants = SchedulerMachine.TestCase
+
+
+# ---- plain properties ------------------------------------------------------------------
+loads = st.lists(
+    st.builds(WorkerLoad, worker=st.sampled_from(RANKS), prefill_tokens=st.integers(0, 5),
+              decode_blocks=st.integers(0, 3)),
+    min_size=1, max_size=len(RANKS), unique_by=lambda c: c.worker,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(candidates=loads, preferred=st.none() | st.sampled_from(RANKS),
+       block_size=st.sampled_from([1, 16]), data=st.data())
+def test_selector_honours_preferred_else_least_loaded_regardless_of_order(
+    candidates: list[WorkerLoad], preferred: WorkerKey | None, block_size: int,
+    data: st.DataObject,
+) -> None:
+    selector = ThunderAgentSelector(ThunderAgentSelector.Parameters())
+    chosen = selector.select(candidates, preferred, block_size)
+    if preferred is not None and preferred in {c.worker for c in candidates}:
+        assert chosen == preferred
+    else:
+        lowest = min(c.load_tokens(block_size) for c in candidates)
+        ties = [c.worker for c in candidates if c.load_tokens(block_size) == lowest]
+        assert chosen == min(ties)
+    shuffled = data.draw(st.permutations(candidates))
+    assert selector.select(shuffled, preferred, block_size) == chosen
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.integers(0, 100_000), weight=st.floats(0.01, 4.0),
+       tau=st.floats(0.01, 100.0), buffer=st.integers(0, 1000),
+       idle=st.floats(0.0, 1e4), later=st.floats(0.0, 1e4))
+def test_decayed_charge_of_acting_program_never_exceeds_charge_and_only_shrinks(
+    tokens: int, weight: float, tau: float, buffer: int, idle: float, later: float,
+) -> None:
+    model = UsageModel(acting_token_weight=weight, acting_decay_tau_seconds=tau,
+                       buffer_per_program=buffer)
+    acting = Program("a", seq=1, created_at=0.0, phase=Phase.ACTING, tokens=tokens,
+                     acting_since=0.0)
+    reasoning = Program("b", seq=2, created_at=0.0, phase=Phase.REASONING, tokens=tokens)
+    now = model.decayed_charge(acting, idle)
+    assert buffer - TOLERANCE <= now <= model.charge(acting) * (1 + TOLERANCE)
+    assert model.decayed_charge(acting, idle + later) <= now * (1 + TOLERANCE)
+    assert model.decayed_charge(reasoning, idle) == model.charge(reasoning) == tokens + buffer
+
+
+# ---- the asyncio shell keeps the same promise ----------------------------------------------
+async def test_rejecting_a_duplicate_request_id_leaves_the_original_waiting() -> None:
+    """Every request ends in exactly one outcome, also through ThunderAgentClassifier.
+
+    The scheduler rejects a second request that reuses an in-flight id; that
+    rejection answers the *second* classify call only. The original, deferred
+    request must keep waiting (the scheduler still tracks it as DEFERRED), or
+    its session is wedged: released later to nobody, never completed.
+    """
+    gate = ThunderAgentClassifier(ThunderAgentParameters(buffer_per_program=0), clock=lambda: 0.0)
+    gate.update_workers({1}, {WorkerKey(1): CapacityCard(100, 1)})
+    await gate.classify(ClassifyRequest("r1", "a", 90))
+    original = asyncio.create_task(gate.classify(ClassifyRequest("r2", "b", 50)))
+    await asyncio.sleep(0)
+    assert gate.scheduler.table.requests["r2"].state is RequestState.DEFERRED
+    try:
+        await gate.classify(ClassifyRequest("r2", "c", 5))
+    except AdmissionRejected:
+        pass
+    else:
+        raise AssertionError("a duplicate in-flight request id must be rejected")
+    await asyncio.sleep(0)
+    assert not original.done(), (
+        f"the duplicate's rejection answered the original request: {original.exception()!r}")
+    original.cancel()
