@@ -153,10 +153,12 @@ class ThunderAgentClassifier(RequestClassifier):
             session_final=request.session_final, parent_session_id=request.parent_session_id,
         )
         outcome = decisions.outcome(request.request_id)
+        # This call's own outcome is answered here, never through a waiter: a rejected
+        # duplicate id must not answer the earlier request that holds that id.
+        self._apply(decisions, own=request.request_id)
         if outcome is None:
             waiter: asyncio.Future[Release | Reject] = asyncio.get_running_loop().create_future()
             self._waiters[request.request_id] = waiter
-        self._apply(decisions)
         if outcome is None:
             log.debug("request.deferred", request_id=request.request_id,
                       session_id=request.session_id)
@@ -206,16 +208,15 @@ class ThunderAgentClassifier(RequestClassifier):
         state["deferred_requests"] = len(self._waiters)
         return state
 
-    def _apply(self, decisions: Decisions) -> None:
-        """Wake deferred requests and log what changed."""
-        for release in decisions.released:
-            waiter = self._waiters.pop(release.request_id, None)
+    def _apply(self, decisions: Decisions, own: str | None = None) -> None:
+        """Wake deferred requests (all but ``own``, the caller's) and log what changed."""
+        for outcome in (*decisions.released, *decisions.rejected):
+            if outcome.request_id == own:
+                continue
+            waiter = self._waiters.pop(outcome.request_id, None)
             if waiter is not None and not waiter.done():
-                waiter.set_result(release)
+                waiter.set_result(outcome)
         for reject in decisions.rejected:
-            waiter = self._waiters.pop(reject.request_id, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(reject)
             log.warning("request.rejected", request_id=reject.request_id, reason=reject.reason)
         for session_id in decisions.created:
             log.debug("program.created", session_id=session_id)
