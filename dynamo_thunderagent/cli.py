@@ -33,6 +33,12 @@ def _serve(args: argparse.Namespace) -> int:
     return run_serve(args)
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from dynamo_thunderagent.bench.demo import run_demo
+
+    return run_demo(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dynamo-thunderagent",
@@ -58,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         "stack", parents=[stack_parser()], add_help=False, conflict_handler="resolve",
         help="start a loopback Dynamo stack (mocker workers, frontend, router) until Ctrl-C")
     stack.set_defaults(func=run_stack_cli)
+
+    from dynamo_thunderagent.bench.demo import add_arguments as add_demo_arguments
+
+    demo = sub.add_parser(
+        "demo", help="stock KV routing vs this scheduler on a local stack, side by side")
+    add_demo_arguments(demo)
+    demo.set_defaults(func=_demo)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")

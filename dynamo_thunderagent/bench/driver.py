@@ -1,0 +1,477 @@
+"""Closed-loop agent driver: N agents talk to an OpenAI-compatible endpoint until a deadline.
+
+Each agent runs one :class:`~dynamo_thunderagent.bench.workload.AgentPlan`: send a chat turn
+with its whole history and ``X-Dynamo-Session-ID``, receive the reply, sleep the tool time,
+append the tool output, repeat; after the last turn it sends one minimal request with
+``X-Dynamo-Session-Final: true`` so the scheduler can release the program. A finished agent
+is replaced by the next plan of the stream, so N agents are always in flight.
+
+Contract of a run (:func:`run_closed_loop`):
+
+* Turns are launched only before ``start + window_s``. After that, turns in flight may
+  finish until ``start + window_s + drain_s``; what is still running then is cancelled and
+  recorded as ``cancelled`` (not an error: the driver gave up, the server did not fail).
+* Every request has a client timeout (``request_timeout_s``) and the SDK never retries, so
+  the run ends by ``window_s + drain_s`` plus one release timeout at most, whatever the server
+  does.
+* Prompts are made of whole words that the tokenizer maps to exactly one token each, so the
+  prompt of turn ``k`` has the planned number of tokens (the chat template's own tokens are
+  measured once per run and subtracted). The content of every message is a pure function of
+  the session id and the message's position, and replies are replaced by synthetic text of
+  the generated length: turn ``k``'s prompt extends turn ``k-1``'s token for token, which is
+  what prefix caching needs. (The mocker emits random ids; its text would be just as
+  stable, but synthetic replies keep runs reproducible across arms.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from dynamo_thunderagent.bench.workload import AgentPlan
+
+SESSION_HEADER = "X-Dynamo-Session-ID"
+FINAL_HEADER = "X-Dynamo-Session-Final"
+
+RecordKind = Literal["turn", "final", "release"]
+
+# Words that the project's tiny model (stack/tiny_model.py) encodes as one token each when
+# preceded by a space. Used when no tokenizer file is given; checked when one is.
+TINY_MODEL_WORDS: tuple[str, ...] = (
+    "the", "tool", "and", "pause", "token", "list", "observation", "program", "json",
+    "next", "test", "tokens",
+)  # fmt: skip
+
+
+@dataclass
+class TurnRecord:
+    """One request of the run. Times are seconds since the run started (monotonic clock).
+
+    ``kind``: ``turn`` (an LLM turn of a plan), ``final`` (the session-final request of an
+    agent that finished every turn), ``release`` (a session-final request for an agent the
+    run stopped early). ``error`` is ``"<ExceptionType>: <message>"`` or None;
+    ``cancelled`` marks a request cut off at the end of the drain.
+    """
+
+    kind: RecordKind
+    agent: int
+    session_id: str
+    turn: int
+    start: float
+    end: float
+    planned_prompt_tokens: int
+    planned_output_tokens: int
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    error_type: str | None = None
+    cancelled: bool = False
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.start
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.cancelled
+
+
+@dataclass
+class RunResult:
+    """Everything a run recorded, plus the run's own bookkeeping."""
+
+    records: list[TurnRecord]
+    agents: int
+    window_s: float
+    drain_s: float
+    elapsed_s: float
+    agents_started: int
+    agents_completed: int
+    template_overhead: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["records"] = [asdict(r) for r in self.records]
+        return data
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A snapshot passed to the progress callback."""
+
+    elapsed_s: float
+    turns_ok: int
+    errors: int
+    in_flight: int
+    agents_started: int
+    agents_completed: int
+
+
+class PromptText:
+    """Makes message contents of an exact token count from one-token words.
+
+    Content is ``" w1 w2 ... wn"``: with a byte-level BPE whose pre-tokenizer splits on
+    spaces, each ``" w"`` is one token, and no merge crosses a word boundary.
+    """
+
+    def __init__(self, words: Sequence[str] = TINY_MODEL_WORDS) -> None:
+        if not words:
+            raise ValueError("PromptText needs at least one one-token word")
+        self.words = tuple(words)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer_json: Path | str) -> PromptText:
+        """Keep the candidate words that really are one token in ``tokenizer_json``.
+
+        Raises ValueError if none is (a different model: pass your own word list).
+        """
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(tokenizer_json))
+        words = [w for w in TINY_MODEL_WORDS if len(tokenizer.encode(f" {w}").ids) == 1]
+        probe = "".join(f" {w}" for w in words)
+        if not words or len(tokenizer.encode(probe).ids) != len(words):
+            raise ValueError(f"{tokenizer_json}: no one-token words among {TINY_MODEL_WORDS}")
+        return cls(words)
+
+    def text(self, n_tokens: int, key: str) -> str:
+        """``n_tokens`` words drawn by a generator seeded with ``key`` (same key, same text)."""
+        rng = random.Random(key)
+        return "".join(" " + rng.choice(self.words) for _ in range(max(0, n_tokens)))
+
+
+@dataclass
+class TemplateOverhead:
+    """Tokens the chat template adds, measured from the server's own prompt counts.
+
+    ``base``: tokens of a one-message (system) prompt beyond its content, generation prompt
+    included. ``per_message``: tokens each further message adds beyond its content, by role.
+    """
+
+    base: int = 0
+    per_message: dict[str, int] = field(default_factory=dict)
+
+    def message(self, role: str) -> int:
+        return self.per_message.get(role, 0)
+
+
+class History:
+    """The message list of one agent, built so that each prompt has its planned length.
+
+    Contents are keyed by ``(session_id, message index)``, so the history is a pure function
+    of the plan: the next turn's prompt extends this turn's prompt exactly.
+    """
+
+    def __init__(
+        self, plan: AgentPlan, text: PromptText, overhead: TemplateOverhead, job: str
+    ) -> None:
+        self.plan = plan
+        self._text = text
+        self._overhead = overhead
+        self.messages: list[dict[str, str]] = []
+        # Template-charged tokens so far; contents absorb them so the total tracks the plan.
+        self._actual = overhead.base
+        system = max(1, plan.system_tokens - overhead.base)
+        # The system prompt is keyed by the job, not the session: all agents share it.
+        self._append("system", system, f"{job}:system")
+
+    def _append(self, role: str, content_tokens: int, key: str) -> None:
+        self.messages.append({"role": role, "content": self._text.text(content_tokens, key)})
+        self._actual += content_tokens
+
+    def _append_planned(self, role: str, target_total: int) -> None:
+        """Append a message of ``role`` so the running total reaches ``target_total``.
+
+        A message has at least one content token; the shortfall, if any, is made up by later
+        messages (only possible when the plan appends fewer tokens than the template adds).
+        """
+        self._actual += self._overhead.message(role)
+        content = max(1, target_total - self._actual)
+        self._append(role, content, f"{self.plan.session_id}:{len(self.messages)}")
+
+    def before_turn(self, turn: int) -> None:
+        """Append the turn's new tokens: the task (turn 0) or the previous tool's output."""
+        if turn > 0:
+            prev = self.plan.turns[turn - 1]
+            self._append_planned(
+                "assistant", self.plan.prompt_tokens(turn - 1) + prev.output_tokens
+            )
+        self._append_planned("user", self.plan.prompt_tokens(turn))
+
+
+async def measure_template_overhead(
+    client: Any, model: str, text: PromptText, timeout_s: float
+) -> TemplateOverhead:
+    """Ask the server how many tokens three small prompts have; derive the template's share.
+
+    Uses requests without a session id (a program-aware router passes them through).
+    """
+    sizes = {"system": 24, "user": 40, "assistant": 56}
+    messages: list[dict[str, str]] = []
+    counts: list[int] = []
+    for role, n in sizes.items():
+        messages.append({"role": role, "content": text.text(n, f"calibrate:{role}")})
+        reply = await client.chat.completions.create(
+            model=model, messages=list(messages), max_tokens=1, timeout=timeout_s
+        )
+        counts.append(int(reply.usage.prompt_tokens))
+    return TemplateOverhead(
+        base=counts[0] - sizes["system"],
+        per_message={
+            "user": counts[1] - counts[0] - sizes["user"],
+            "assistant": counts[2] - counts[1] - sizes["assistant"],
+        },
+    )
+
+
+def _usage_fields(reply: Any) -> tuple[int | None, int | None, int | None]:
+    usage = getattr(reply, "usage", None)
+    if usage is None:
+        return None, None, None
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None) if details is not None else None
+    return usage.prompt_tokens, cached, usage.completion_tokens
+
+
+class _Run:
+    """State shared by the agent slots of one run."""
+
+    def __init__(
+        self,
+        client: Any,
+        model: str,
+        plans: Iterator[AgentPlan],
+        text: PromptText,
+        overhead: TemplateOverhead,
+        *,
+        window_s: float,
+        drain_s: float,
+        request_timeout_s: float,
+        job: str,
+        release_unfinished: bool,
+    ) -> None:
+        self.client = client
+        self.model = model
+        self.plans = plans
+        self.text = text
+        self.overhead = overhead
+        self.window_s = window_s
+        self.drain_s = drain_s
+        self.request_timeout_s = request_timeout_s
+        self.job = job
+        self.release_unfinished = release_unfinished
+        self.t0 = time.monotonic()
+        self.records: list[TurnRecord] = []
+        self.in_flight: dict[int, TurnRecord] = {}
+        self.agents_started = 0
+        self.agents_completed = 0
+        self._next_request = 0
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def window_open(self) -> bool:
+        return self.now() < self.window_s
+
+    def next_plan(self) -> tuple[int, AgentPlan] | None:
+        plan = next(self.plans, None)
+        if plan is None:
+            return None
+        self.agents_started += 1
+        return self.agents_started - 1, plan
+
+    async def request(
+        self,
+        record: TurnRecord,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        headers: dict[str, str],
+        timeout_s: float,
+    ) -> None:
+        """Send one chat request and fill ``record``; never raises except on cancellation."""
+        key = self._next_request
+        self._next_request += 1
+        self.in_flight[key] = record
+        self.records.append(record)
+        try:
+            reply = await self.client.chat.completions.create(
+                model=self.model,
+                messages=messages,
+                max_tokens=max_tokens,
+                extra_headers=headers,
+                timeout=timeout_s,
+            )
+            record.prompt_tokens, record.cached_tokens, record.completion_tokens = _usage_fields(
+                reply
+            )
+        except asyncio.CancelledError:
+            record.cancelled = True
+            raise
+        except Exception as error:  # every failure is data: record it, keep the loop going
+            record.error_type = type(error).__name__
+            record.error = f"{record.error_type}: {error}"[:500]
+        finally:
+            record.end = self.now()
+            self.in_flight.pop(key, None)
+
+    async def session_final(self, agent: int, plan: AgentPlan, kind: RecordKind) -> None:
+        record = TurnRecord(kind, agent, plan.session_id, len(plan.turns), self.now(), 0.0, 0, 1)
+        await self.request(
+            record,
+            [{"role": "user", "content": "done"}],
+            1,
+            {SESSION_HEADER: plan.session_id, FINAL_HEADER: "true"},
+            min(self.request_timeout_s, 10.0),
+        )
+
+    async def run_agent(self, agent: int, plan: AgentPlan) -> bool:
+        """Run one plan until it ends, fails, or the window closes; True if it finished."""
+        history = History(plan, self.text, self.overhead, self.job)
+        for k, turn in enumerate(plan.turns):
+            if not self.window_open():
+                return False
+            history.before_turn(k)
+            record = TurnRecord(
+                "turn", agent, plan.session_id, k, self.now(), 0.0,
+                plan.prompt_tokens(k), turn.output_tokens,
+            )  # fmt: skip
+            await self.request(
+                record,
+                list(history.messages),
+                turn.output_tokens,
+                {SESSION_HEADER: plan.session_id},
+                self.request_timeout_s,
+            )
+            if record.error is not None:
+                return False
+            if k < len(plan.turns) - 1:
+                # The tool runs; the window may close meanwhile (then the loop stops).
+                remaining = max(0.0, self.window_s - self.now())
+                await asyncio.sleep(min(turn.tool_seconds, remaining))
+        return True
+
+    async def slot(self) -> None:
+        """One of the N agent slots: run plans back to back while the window is open."""
+        while self.window_open():
+            picked = self.next_plan()
+            if picked is None:
+                return
+            agent, plan = picked
+            finished = False
+            try:
+                finished = await self.run_agent(agent, plan)
+            finally:
+                if finished:
+                    self.agents_completed += 1
+            if finished:
+                await self.session_final(agent, plan, "final")
+            elif self.release_unfinished:
+                await self.session_final(agent, plan, "release")
+
+    def progress(self) -> Progress:
+        turns_ok = sum(1 for r in self.records if r.kind == "turn" and r.end and r.ok)
+        errors = sum(1 for r in self.records if r.error is not None)
+        return Progress(
+            elapsed_s=self.now(),
+            turns_ok=turns_ok,
+            errors=errors,
+            in_flight=len(self.in_flight),
+            agents_started=self.agents_started,
+            agents_completed=self.agents_completed,
+        )
+
+
+async def run_closed_loop(
+    url: str,
+    plans: Iterator[AgentPlan],
+    *,
+    agents: int,
+    window_s: float,
+    drain_s: float = 15.0,
+    request_timeout_s: float = 60.0,
+    model: str = "tiny",
+    text: PromptText | None = None,
+    overhead: TemplateOverhead | None = None,
+    job: str = "job",
+    release_unfinished: bool = True,
+    on_progress: Callable[[Progress], None] | None = None,
+    progress_interval_s: float = 10.0,
+) -> RunResult:
+    """Run ``agents`` closed-loop agents from ``plans`` against ``url`` (an OpenAI base URL).
+
+    Returns after the window and a drain of at most ``drain_s`` (see the module docstring).
+    ``overhead`` None: measured with three small requests before the window starts.
+    ``release_unfinished``: send a session-final request for agents the window cut short,
+    so a long-lived deployment does not keep their programs until retention expires.
+    """
+    if agents < 1 or window_s <= 0 or drain_s < 0 or request_timeout_s <= 0:
+        raise ValueError("need agents >= 1, window_s > 0, drain_s >= 0, request_timeout_s > 0")
+    from openai import AsyncOpenAI
+
+    text = text or PromptText()
+    client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=request_timeout_s)
+    try:
+        if overhead is None:
+            overhead = await measure_template_overhead(client, model, text, request_timeout_s)
+        run = _Run(
+            client, model, plans, text, overhead,
+            window_s=window_s, drain_s=drain_s, request_timeout_s=request_timeout_s,
+            job=job, release_unfinished=release_unfinished,
+        )  # fmt: skip
+        tasks = [asyncio.create_task(run.slot()) for _ in range(agents)]
+        reporter = None
+        if on_progress is not None:
+            reporter = asyncio.create_task(_report(run, on_progress, progress_interval_s))
+        _, pending = await asyncio.wait(tasks, timeout=window_s + drain_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
+        # Slots cancelled mid-turn leave their agents unreleased; release them, bounded.
+        if release_unfinished and pending:
+            cut = {r.session_id: r for r in run.records if r.cancelled and r.kind == "turn"}
+            releases = [
+                run.session_final(r.agent, _plan_stub(r.session_id), "release")
+                for r in cut.values()
+            ]
+            if releases:
+                await asyncio.wait([asyncio.ensure_future(c) for c in releases], timeout=10.0)
+        if reporter is not None:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+        for record in run.records:  # a request cut off before it set its end time
+            if record.end == 0.0:
+                record.end = run.now()
+                record.cancelled = record.error is None
+        return RunResult(
+            records=run.records,
+            agents=agents,
+            window_s=window_s,
+            drain_s=drain_s,
+            elapsed_s=run.now(),
+            agents_started=run.agents_started,
+            agents_completed=run.agents_completed,
+            template_overhead={"base": overhead.base, **overhead.per_message},
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+
+
+def _plan_stub(session_id: str) -> AgentPlan:
+    """A plan that only carries a session id (for release requests)."""
+    return AgentPlan(session_id, 0, ())
+
+
+async def _report(run: _Run, on_progress: Callable[[Progress], None], interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        on_progress(run.progress())

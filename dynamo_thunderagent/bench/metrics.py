@@ -1,0 +1,185 @@
+"""What a closed-loop run measured: the figures workload.md asks for, from turn records alone.
+
+Pure functions over :class:`~dynamo_thunderagent.bench.driver.TurnRecord`-like objects (any
+object with the same attributes), so they can be tested without a server.
+
+Definitions (one place, so every report means the same thing):
+
+* **steps/min**: successful LLM turns that *completed* inside the steady window
+  ``[warmup_s, window_s - tail_s)`` (seconds since the run started), per minute of that window.
+  A step is one turn plus the tool call after it; in a closed loop the tool call is the
+  agent's own time, so counting turns counts steps.
+* **prefix-cache hit rate**: cached prompt tokens / prompt tokens over all successful turns
+  that reported usage (warm-up included: every program's first turn is cold by nature).
+* **recomputed tokens**: for each successful turn ``k`` of a program whose previous
+  successful turn ``j`` is known, the tokens that turn ``j`` left cached and that turn ``k``
+  could reuse, ``expected = min(prompt_k, prompt_j [+ completion_j])``, rounded down to whole
+  KV blocks, minus what turn ``k`` found cached; never negative. Whether ``completion_j``
+  counts depends on whether the client sends the reply back verbatim (``reuse_completion``):
+  the driver replaces replies by synthetic text, so it does not.
+* **turn latency**: end - start of successful turns (admission wait, queueing, prefill and
+  decode), nearest-rank p50 / p99.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+
+class RecordLike(Protocol):
+    """The fields of a turn record the metrics read."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def turn(self) -> int: ...
+    @property
+    def start(self) -> float: ...
+    @property
+    def end(self) -> float: ...
+    @property
+    def prompt_tokens(self) -> int | None: ...
+    @property
+    def cached_tokens(self) -> int | None: ...
+    @property
+    def completion_tokens(self) -> int | None: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def error_type(self) -> str | None: ...
+    @property
+    def cancelled(self) -> bool: ...
+
+
+@dataclass
+class ArmMetrics:
+    """Figures of one run (one arm). Latencies in seconds; None where nothing was measured."""
+
+    steps_per_min: float
+    steady_turns: int
+    steady_window_s: float
+    turns_ok: int
+    hit_rate: float | None
+    prompt_tokens: int
+    cached_tokens: int
+    recomputed_tokens: int
+    reusable_tokens: int
+    latency_p50_s: float | None
+    latency_p99_s: float | None
+    errors: int
+    errors_by_type: dict[str, int] = field(default_factory=dict)
+    cancelled: int = 0
+    agents_completed: int = 0
+
+    @property
+    def recomputed_fraction(self) -> float | None:
+        """Recomputed / reusable tokens: 0 when every reusable prefix was found cached."""
+        return self.recomputed_tokens / self.reusable_tokens if self.reusable_tokens else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["recomputed_fraction"] = self.recomputed_fraction
+        return data
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in [0, 1]) of ``values``; None if empty."""
+    if not values:
+        return None
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q}")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _is_ok_turn(record: RecordLike) -> bool:
+    return record.kind == "turn" and record.error is None and not record.cancelled
+
+
+def steps_per_min(
+    records: Iterable[RecordLike], *, warmup_s: float, window_s: float, tail_s: float = 0.0
+) -> tuple[float, int, float]:
+    """``(steps/min, turns counted, steady window length)`` over ``[warmup_s, window_s-tail_s)``.
+
+    Raises ValueError if the steady window is empty.
+    """
+    start, stop = warmup_s, window_s - tail_s
+    if stop <= start:
+        raise ValueError(
+            f"empty steady window: warmup {warmup_s}s, tail {tail_s}s, window {window_s}s"
+        )
+    count = sum(1 for r in records if _is_ok_turn(r) and start <= r.end < stop)
+    return count / ((stop - start) / 60.0), count, stop - start
+
+
+def recomputed_tokens(
+    records: Iterable[RecordLike], *, block_size: int = 1, reuse_completion: bool = True
+) -> tuple[int, int]:
+    """``(recomputed, reusable)`` tokens summed over programs (see the module docstring)."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    by_session: dict[str, list[RecordLike]] = {}
+    for record in records:
+        if _is_ok_turn(record) and record.prompt_tokens is not None:
+            by_session.setdefault(record.session_id, []).append(record)
+    recomputed = reusable = 0
+    for turns in by_session.values():
+        turns.sort(key=lambda r: r.turn)
+        for prev, cur in itertools.pairwise(turns):
+            assert prev.prompt_tokens is not None and cur.prompt_tokens is not None
+            left = prev.prompt_tokens
+            if reuse_completion:
+                left += prev.completion_tokens or 0
+            expected = min(cur.prompt_tokens, left) // block_size * block_size
+            reusable += expected
+            recomputed += max(0, expected - (cur.cached_tokens or 0))
+    return recomputed, reusable
+
+
+def summarize(
+    records: Sequence[RecordLike],
+    *,
+    warmup_s: float,
+    window_s: float,
+    tail_s: float = 0.0,
+    block_size: int = 1,
+    reuse_completion: bool = True,
+) -> ArmMetrics:
+    """All figures of one run. ``agents_completed`` counts the agents' final requests."""
+    rate, steady, steady_len = steps_per_min(
+        records, warmup_s=warmup_s, window_s=window_s, tail_s=tail_s
+    )
+    ok = [r for r in records if _is_ok_turn(r)]
+    with_usage = [r for r in ok if r.prompt_tokens is not None]
+    prompt = sum(r.prompt_tokens or 0 for r in with_usage)
+    cached = sum(r.cached_tokens or 0 for r in with_usage)
+    recomputed, reusable = recomputed_tokens(
+        records, block_size=block_size, reuse_completion=reuse_completion
+    )
+    latencies = [r.end - r.start for r in ok]
+    failed = [r for r in records if r.error is not None]
+    return ArmMetrics(
+        steps_per_min=rate,
+        steady_turns=steady,
+        steady_window_s=steady_len,
+        turns_ok=len(ok),
+        hit_rate=cached / prompt if prompt else None,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        recomputed_tokens=recomputed,
+        reusable_tokens=reusable,
+        latency_p50_s=percentile(latencies, 0.50),
+        latency_p99_s=percentile(latencies, 0.99),
+        errors=len(failed),
+        errors_by_type=dict(Counter(r.error_type or "unknown" for r in failed)),
+        cancelled=sum(1 for r in records if r.cancelled),
+        agents_completed=sum(1 for r in records if r.kind == "final"),
+    )

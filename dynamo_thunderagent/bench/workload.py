@@ -1,0 +1,343 @@
+"""Agent programs for closed-loop benchmarks: synthetic (seeded) or replayed from a trace.
+
+An agent program is a list of turns. Before turn ``k`` the agent appends ``new_tokens`` to
+its history (turn 0: the task / first-turn context; later turns: the output of the tool call
+that followed turn ``k-1``), the model generates ``output_tokens``, and then the agent spends
+``tool_seconds`` in a tool before the next turn (0 after the last turn). Every agent of one
+job also shares a system prompt of ``system_tokens`` that precedes the history.
+
+So the prompt of turn ``k`` is ``system_tokens + sum(new_tokens[0..k]) +
+sum(output_tokens[0..k-1])`` tokens, and it extends the prompt of turn ``k-1``: that is the
+reuse a prefix cache can exploit, and what a scheduler destroys if it lets the cache of an
+ACTING program be evicted.
+
+Everything here is pure and deterministic: the same spec and seed give the same plans, and
+agent ``i`` of a stream depends only on ``(seed, i)``, so a longer run extends a shorter one
+instead of reshuffling it. The only I/O is reading a trace file in :func:`load_trace`.
+
+Sizes scale to the engine under test. ``token_scale`` multiplies every token count (to fit
+the mocker's small KV capacity) and ``time_scale`` multiplies every tool time (pass
+``1 / speedup_ratio`` when the mocker runs its clock faster), so the ratios that matter
+(context per agent vs capacity, tool time vs turn time) survive the scaling.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+ToolTimeKind = Literal["lognormal", "pareto"]
+
+# Where the shared trace lives in this project's checkout layout.
+DEFAULT_TRACE = (
+    Path(__file__).resolve().parents[3] / "shared" / "traces" / ("swe-agent-lite-glm45.jsonl")
+)
+
+
+@dataclass(frozen=True)
+class ToolTimeComponent:
+    """One component of a tool-time mixture.
+
+    ``lognormal``: median ``scale`` seconds, log-space standard deviation ``shape``.
+    ``pareto``: minimum ``scale`` seconds, tail index ``shape`` (smaller = heavier tail).
+    Every draw is capped at ``cap_seconds`` (a tool timeout).
+    """
+
+    weight: float
+    kind: ToolTimeKind
+    scale: float
+    shape: float
+    cap_seconds: float = 600.0
+
+    def draw(self, rng: random.Random) -> float:
+        if self.kind == "lognormal":
+            value = self.scale * math.exp(self.shape * rng.gauss(0.0, 1.0))
+        else:
+            value = self.scale * rng.paretovariate(self.shape)
+        return min(value, self.cap_seconds)
+
+
+def default_tool_time() -> tuple[ToolTimeComponent, ...]:
+    """The mix of workload.md: 70% short shell tools, 25% slower tools, 5% heavy tail.
+
+    Lognormal sigmas and the Pareto minimum / index are our choices: they give a p95 near a
+    minute and a tail that reaches the 600 s cap, like remote-API and science-agent tools.
+    """
+    return (
+        ToolTimeComponent(weight=0.70, kind="lognormal", scale=2.0, shape=0.8),
+        ToolTimeComponent(weight=0.25, kind="lognormal", scale=15.0, shape=0.8),
+        ToolTimeComponent(weight=0.05, kind="pareto", scale=30.0, shape=1.2, cap_seconds=600.0),
+    )
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Shape of synthetic agent programs, before scaling. Ranges are inclusive ``(lo, hi)``.
+
+    Defaults follow the SWE-agent shape in workload.md: tens of turns, a shared system prompt,
+    a first-turn context of about a thousand tokens, +0.3-0.7k tool tokens and 100-300
+    generated tokens per turn.
+    """
+
+    turns: tuple[int, int] = (20, 60)
+    system_prompt_tokens: int = 1000
+    first_turn_tokens: tuple[int, int] = (400, 1200)
+    tool_output_tokens: tuple[int, int] = (300, 700)
+    output_tokens: tuple[int, int] = (100, 300)
+    tool_time: tuple[ToolTimeComponent, ...] = field(default_factory=default_tool_time)
+    token_scale: float = 1.0
+    time_scale: float = 1.0
+    session_prefix: str = "agent"
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field that is out of range."""
+        for name in ("turns", "first_turn_tokens", "tool_output_tokens", "output_tokens"):
+            lo, hi = getattr(self, name)
+            if lo < 0 or hi < lo:
+                raise ValueError(f"{name} must be a range 0 <= lo <= hi, got ({lo}, {hi})")
+        if self.turns[0] < 1:
+            raise ValueError(f"turns must be >= 1, got {self.turns}")
+        if self.output_tokens[0] < 1:
+            raise ValueError(f"output_tokens must be >= 1, got {self.output_tokens}")
+        if self.system_prompt_tokens < 0:
+            raise ValueError(f"system_prompt_tokens must be >= 0, got {self.system_prompt_tokens}")
+        if not (self.token_scale > 0 and self.time_scale >= 0):
+            raise ValueError("token_scale must be > 0 and time_scale >= 0")
+        if not self.tool_time or any(c.weight <= 0 or c.scale <= 0 for c in self.tool_time):
+            raise ValueError("tool_time needs components with weight > 0 and scale > 0")
+
+    def scaled_system_tokens(self) -> int:
+        return scale_tokens(self.system_prompt_tokens, self.token_scale)
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    """One turn: tokens appended before it, tokens generated, tool seconds after it."""
+
+    new_tokens: int
+    output_tokens: int
+    tool_seconds: float
+    # The trace's own LLM time for this step (scaled), for reference only; None if synthetic.
+    llm_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class AgentPlan:
+    """One agent program: its session id, the shared system prompt size and its turns."""
+
+    session_id: str
+    system_tokens: int
+    turns: tuple[TurnPlan, ...]
+
+    def prompt_tokens(self, turn: int) -> int:
+        """Planned prompt length of ``turn``: system + all new tokens + earlier outputs."""
+        head = self.turns[: turn + 1]
+        return (
+            self.system_tokens
+            + sum(t.new_tokens for t in head)
+            + sum(t.output_tokens for t in head[:-1])
+        )
+
+    @property
+    def peak_context_tokens(self) -> int:
+        """Context after the last turn's generation: what the program occupies at its peak."""
+        return self.prompt_tokens(len(self.turns) - 1) + self.turns[-1].output_tokens
+
+    @property
+    def tool_seconds(self) -> float:
+        return sum(t.tool_seconds for t in self.turns)
+
+
+def scale_tokens(count: int, factor: float, minimum: int = 0) -> int:
+    """``count * factor`` rounded half-up, never below ``minimum``."""
+    return max(minimum, math.floor(count * factor + 0.5))
+
+
+def _draw_tool_seconds(components: Sequence[ToolTimeComponent], rng: random.Random) -> float:
+    total = sum(c.weight for c in components)
+    pick = rng.random() * total
+    for component in components:
+        pick -= component.weight
+        if pick < 0:
+            return component.draw(rng)
+    return components[-1].draw(rng)
+
+
+def make_agent(spec: WorkloadSpec, index: int, seed: int) -> AgentPlan:
+    """Agent ``index`` of the stream for ``(spec, seed)``; depends on nothing else."""
+    spec.validate()
+    # String seeds hash deterministically (unlike hash() of a tuple), across runs and hosts.
+    rng = random.Random(f"{seed}:{index}")
+    turn_count = rng.randint(*spec.turns)
+    turns: list[TurnPlan] = []
+    for k in range(turn_count):
+        new_raw = rng.randint(*(spec.first_turn_tokens if k == 0 else spec.tool_output_tokens))
+        out_raw = rng.randint(*spec.output_tokens)
+        tool_raw = _draw_tool_seconds(spec.tool_time, rng)
+        last = k == turn_count - 1
+        turns.append(
+            TurnPlan(
+                new_tokens=scale_tokens(new_raw, spec.token_scale),
+                output_tokens=scale_tokens(out_raw, spec.token_scale, minimum=1),
+                tool_seconds=0.0 if last else tool_raw * spec.time_scale,
+            )
+        )
+    return AgentPlan(
+        session_id=f"{spec.session_prefix}-{seed}-{index}",
+        system_tokens=spec.scaled_system_tokens(),
+        turns=tuple(turns),
+    )
+
+
+def make_agents(spec: WorkloadSpec, count: int, seed: int) -> list[AgentPlan]:
+    """The first ``count`` agents of the stream for ``(spec, seed)``."""
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    return [make_agent(spec, i, seed) for i in range(count)]
+
+
+def agent_stream(spec: WorkloadSpec, seed: int) -> Iterator[AgentPlan]:
+    """An endless stream of agents; its first ``n`` equal ``make_agents(spec, n, seed)``."""
+    index = 0
+    while True:
+        yield make_agent(spec, index, seed)
+        index += 1
+
+
+# ----- trace replay ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """One row of a trace: the prompt of one LLM call and what followed it."""
+
+    session_id: str
+    step: int
+    input_tokens: int
+    output_tokens: int
+    llm_seconds: float
+    tool_seconds: float
+
+
+def read_trace(path: Path | str) -> dict[str, list[TraceStep]]:
+    """Rows of a JSONL trace grouped by session (file order) and sorted by step.
+
+    Raises ValueError naming the file and line of a row that lacks a field or has a bad value.
+    """
+    sessions: dict[str, list[TraceStep]] = {}
+    with Path(path).open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                step = TraceStep(
+                    session_id=str(row["session_id"]),
+                    step=int(row["step"]),
+                    input_tokens=int(row["input_tokens"]),
+                    output_tokens=int(row["output_tokens"]),
+                    llm_seconds=float(row.get("llm_seconds", 0.0)),
+                    tool_seconds=float(row.get("tool_seconds", 0.0)),
+                )
+            except (ValueError, KeyError, TypeError) as error:
+                raise ValueError(f"{path}:{line_no}: bad trace row ({error!r})") from error
+            sessions.setdefault(step.session_id, []).append(step)
+    for steps in sessions.values():
+        steps.sort(key=lambda s: s.step)
+    return sessions
+
+
+def plan_from_trace(
+    session_id: str,
+    steps: Sequence[TraceStep],
+    *,
+    token_scale: float = 1.0,
+    time_scale: float = 1.0,
+    system_prompt_tokens: int = 0,
+    max_turns: int | None = None,
+) -> AgentPlan:
+    """Turn one traced session into an agent program.
+
+    Turn ``k``'s new tokens are what the history grew by beyond the previous call and its
+    reply: ``input[k] - input[k-1] - output[k-1]``, clamped at 0 (agents sometimes truncate
+    their history; a replay cannot shrink a prompt). Turn 0's new tokens are its whole input
+    less ``system_prompt_tokens`` (the part every agent of the job shares), given in trace
+    tokens before scaling. The last turn's tool time is 0.
+    """
+    if not steps:
+        raise ValueError(f"session {session_id!r} has no steps")
+    chosen = list(steps[:max_turns] if max_turns is not None else steps)
+    shared_raw = min(system_prompt_tokens, chosen[0].input_tokens)
+    turns: list[TurnPlan] = []
+    for k, step in enumerate(chosen):
+        if k == 0:
+            new_raw = step.input_tokens - shared_raw
+        else:
+            prev = chosen[k - 1]
+            new_raw = max(0, step.input_tokens - prev.input_tokens - prev.output_tokens)
+        last = k == len(chosen) - 1
+        turns.append(
+            TurnPlan(
+                new_tokens=scale_tokens(new_raw, token_scale),
+                output_tokens=scale_tokens(step.output_tokens, token_scale, minimum=1),
+                tool_seconds=0.0 if last else step.tool_seconds * time_scale,
+                llm_seconds=step.llm_seconds * time_scale,
+            )
+        )
+    return AgentPlan(
+        session_id=session_id,
+        system_tokens=scale_tokens(system_prompt_tokens, token_scale),
+        turns=tuple(turns),
+    )
+
+
+def load_trace(
+    path: Path | str = DEFAULT_TRACE,
+    token_scale: float = 1.0,
+    time_scale: float = 1.0,
+    *,
+    system_prompt_tokens: int = 0,
+    max_turns: int | None = None,
+    batches: Sequence[str] | None = None,
+) -> list[AgentPlan]:
+    """Every session of a JSONL trace as an agent program, in file order (see plan_from_trace).
+
+    ``batches`` keeps only rows whose session id starts with ``<batch>/`` (the shared trace
+    names its sessions ``bs1/...``, ``bs4/...``, ``bs32/...``).
+    """
+    plans = []
+    for session_id, steps in read_trace(path).items():
+        if batches is not None and session_id.split("/", 1)[0] not in batches:
+            continue
+        plans.append(
+            plan_from_trace(
+                session_id,
+                steps,
+                token_scale=token_scale,
+                time_scale=time_scale,
+                system_prompt_tokens=system_prompt_tokens,
+                max_turns=max_turns,
+            )
+        )
+    return plans
+
+
+def replay_stream(plans: Sequence[AgentPlan], seed: int) -> Iterator[AgentPlan]:
+    """Endless replay of ``plans``: each pass is a seeded shuffle, and session ids get a
+    ``#<n>`` suffix so that no two agents of one run share a session id."""
+    if not plans:
+        raise ValueError("replay_stream needs at least one plan")
+    n = 0
+    rounds = 0
+    while True:
+        order = list(plans)
+        random.Random(f"{seed}:replay:{rounds}").shuffle(order)
+        for plan in order:
+            yield AgentPlan(f"{plan.session_id}#{n}", plan.system_tokens, plan.turns)
+            n += 1
+        rounds += 1
