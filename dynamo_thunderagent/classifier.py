@@ -42,6 +42,10 @@ class ClassifyRequest:
     input_tokens: int
     session_final: bool = False
     parent_session_id: str | None = None
+    # Hashes of the prompt's leading KV blocks (``prefix_block_tokens`` tokens each),
+    # filled in only for classifiers whose ``prefix_blocks_wanted`` is non-zero.
+    prefix_blocks: tuple[int, ...] = ()
+    prefix_block_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,11 @@ class RequestClassifier(ABC):
         """Seconds between ``tick`` calls; None if this classifier needs none."""
         return None
 
+    @property
+    def prefix_blocks_wanted(self) -> int:
+        """How many leading block hashes per request the shell should compute (0: none)."""
+        return 0
+
     def tick(self) -> None:
         """Periodic decisions (pressure, resume, expiry)."""
 
@@ -144,6 +153,11 @@ class ThunderAgentClassifier(RequestClassifier):
     def tick_interval(self) -> float:
         return self.scheduler.params.scheduler_interval_seconds
 
+    @property
+    def prefix_blocks_wanted(self) -> int:
+        params = self.scheduler.params
+        return params.shared_prefix_max_blocks if params.shared_prefix_accounting else 0
+
     async def classify(self, request: ClassifyRequest) -> Admission:
         if request.session_id is None:
             return Admission(preferred=None, tracked=False)
@@ -151,6 +165,7 @@ class ThunderAgentClassifier(RequestClassifier):
         decisions = self.scheduler.submit(
             request.request_id, request.session_id, request.input_tokens, arrived,
             session_final=request.session_final, parent_session_id=request.parent_session_id,
+            prefix_blocks=request.prefix_blocks, prefix_block_tokens=request.prefix_block_tokens,
         )
         outcome = decisions.outcome(request.request_id)
         # This call's own outcome is answered here, never through a waiter: a rejected
@@ -191,7 +206,8 @@ class ThunderAgentClassifier(RequestClassifier):
     def update_workers(
         self, live_worker_ids: Iterable[int], cards: Mapping[WorkerKey, CapacityCard]
     ) -> None:
-        self.scheduler.set_workers(frozenset(live_worker_ids), dict(cards))
+        self._apply(self.scheduler.set_workers(frozenset(live_worker_ids), dict(cards),
+                                               self.clock()))
 
     def tick(self) -> None:
         started = time.perf_counter()
@@ -210,7 +226,8 @@ class ThunderAgentClassifier(RequestClassifier):
 
     def _apply(self, decisions: Decisions, own: str | None = None) -> None:
         """Wake deferred requests (all but ``own``, the caller's) and log what changed."""
-        for outcome in (*decisions.released, *decisions.rejected):
+        outcomes: list[Release | Reject] = [*decisions.released, *decisions.rejected]
+        for outcome in outcomes:
             if outcome.request_id == own:
                 continue
             waiter = self._waiters.pop(outcome.request_id, None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -98,6 +98,33 @@ class ThunderAgentParameters(_Strict):
     buffer_per_program: int = Field(100, ge=0)
     max_tracked_requests: int = Field(10_000, gt=0)
 
+    # ---- Extensions beyond Dynamo's parameter set --------------------------------
+    # Each defaults to the parity behaviour; policies/thunderagent-extended.yaml turns
+    # on the ones the benchmarks show to help (docs/benchmarks.md). Dynamo's builtin
+    # does not know them, so they never appear in policies/thunderagent.yaml.
+    resume_on_events: bool = False
+    """Resume waiting programs as soon as room appears (completion, abort, session end,
+    worker join or capacity growth), not only at the next tick."""
+    pressure_decay: bool = False
+    """Use the decayed usage (ACTING tokens weighted by 2^(-idle/tau)) on the pause side
+    too, so that pausing and resuming agree on how full a worker/rank is."""
+    pause_order: Literal["smallest", "longest_idle"] = "smallest"
+    """Which ACTING programs pause first under pressure: the smallest (parity) or the
+    ones whose tool has run longest (least likely to return soon)."""
+    shared_prefix_accounting: bool = False
+    """Count KV blocks shared by several programs on a worker/rank (a common system
+    prompt) once, from the leading block hashes of each request."""
+    shared_prefix_max_blocks: int = Field(256, gt=0)
+    """How many leading blocks of each prompt are hashed for shared-prefix accounting."""
+    resume_affinity: bool = False
+    """Resume a paused program on the worker/rank that served it last when that rank
+    has room (its KV blocks may still be resident), else where there is most room."""
+    max_wait_seconds: float | None = Field(None, gt=0.0)
+    """Aging bound: a turn deferred this long goes to the head of the resume order and
+    reserves room (nothing behind it resumes until it fits). None: off."""
+    min_residency_seconds: float = Field(0.0, ge=0.0)
+    """A program resumed or admitted less than this long ago is not paused (churn guard)."""
+
     @field_validator(
         "resume_timeout_seconds",
         "session_retention_seconds",
@@ -117,6 +144,14 @@ class ThunderAgentParameters(_Strict):
             raise ValueError(
                 f"pause_target ({self.pause_target}) must be <= pause_threshold "
                 f"({self.pause_threshold})"
+            )
+        if self.max_wait_seconds is not None and not (
+            math.isfinite(self.max_wait_seconds)
+            and self.max_wait_seconds < self.resume_timeout_seconds
+        ):
+            raise ValueError(
+                f"max_wait_seconds ({self.max_wait_seconds}) must be finite and below "
+                f"resume_timeout_seconds ({self.resume_timeout_seconds})"
             )
         if self.resume_hysteresis > self.pause_threshold:
             raise ValueError(

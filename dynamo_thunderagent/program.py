@@ -58,9 +58,11 @@ class Program:
     lifecycle: Lifecycle = Lifecycle.ACTIVE
     worker: WorkerKey | None = None
     tokens: int = 0
-    # Tokens of this program that a shared-prefix model credits back (counted
-    # once per worker instead of once per program); 0 in the parity model.
-    shared_prefix_tokens: int = 0
+    # Hashes of the leading KV blocks of the program's last prompt, when shared-prefix
+    # accounting is on: on a worker/rank these blocks are counted once across all its
+    # programs (a shared system prompt), instead of once per program.
+    prefix_blocks: tuple[int, ...] = ()
+    prefix_block_tokens: int = 0
     steps: int = 0
     marked_for_pause: bool = False
     acting_since: float | None = None
@@ -72,9 +74,15 @@ class Program:
     current: str | None = None
     waiting: deque[str] = field(default_factory=deque)
     final_request: str | None = None  # a session-final request held behind ``current``
+    active_since: float | None = None  # when it last became ACTIVE on a worker/rank
     pauses: int = 0
     resumes: int = 0
     moves: int = 0
+
+    @property
+    def shared_prefix_tokens(self) -> int:
+        """Tokens of this program covered by its hashed prefix blocks."""
+        return min(self.tokens, len(self.prefix_blocks) * self.prefix_block_tokens)
 
     @property
     def is_new(self) -> bool:
@@ -94,6 +102,8 @@ class TrackedRequest:
     arrived_at: float
     state: RequestState
     created_program: bool  # this request created its program (rolled back if it never runs)
+    prefix_blocks: tuple[int, ...] = ()  # leading block hashes (shared-prefix accounting)
+    prefix_block_tokens: int = 0
     released_to: WorkerKey | None = None
     released_at: float | None = None
     sent_to: WorkerKey | None = None

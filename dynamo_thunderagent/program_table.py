@@ -10,9 +10,10 @@ with a recount after every step.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dynamo_thunderagent.capacity import UsageModel
 from dynamo_thunderagent.program import Lifecycle, Phase, Program, TrackedRequest, WorkerKey
@@ -23,7 +24,13 @@ class _RankLedger:
     reasoning_tokens: int = 0
     acting_tokens: int = 0
     programs: int = 0
-    shared_credit: int = 0
+    # Shared-prefix accounting: tokens of hashed prefix blocks, per phase (credited
+    # back from the programs' own charge), and how many programs hold each block
+    # hash. The distinct blocks are charged once.
+    reasoning_prefix_tokens: int = 0
+    acting_prefix_tokens: int = 0
+    prefix_counts: Counter[int] = field(default_factory=Counter)
+    prefix_block_tokens: int = 0
 
 
 class ProgramTable:
@@ -35,9 +42,6 @@ class ProgramTable:
         self._members: dict[WorkerKey, dict[str, Program]] = {}
         self._paused: dict[str, Program] = {}
         self._seq = 0
-        # A shared-prefix term per worker/rank (tokens counted once per rank);
-        # set by a prefix-aware accounting policy, zero in the parity model.
-        self._shared_prefix_term: dict[WorkerKey, int] = {}
         # usage(w) as a float, refreshed from the integer ledger on every change:
         # admission reads it for every rank, so it must be a dict lookup.
         self._usage: dict[WorkerKey, float] = {}
@@ -76,14 +80,19 @@ class ProgramTable:
         if program.worker is None:
             return
         ledger = self._ledger.setdefault(program.worker, _RankLedger())
+        prefix = program.shared_prefix_tokens
         if program.phase is Phase.REASONING:
             ledger.reasoning_tokens += program.tokens
+            ledger.reasoning_prefix_tokens += prefix
         else:
             ledger.acting_tokens += program.tokens
+            ledger.acting_prefix_tokens += prefix
         ledger.programs += 1
-        ledger.shared_credit += program.shared_prefix_tokens
+        if program.prefix_blocks:
+            ledger.prefix_counts.update(program.prefix_blocks)
+            ledger.prefix_block_tokens = program.prefix_block_tokens
         self._members.setdefault(program.worker, {})[program.session_id] = program
-        self._refresh(program.worker)
+        self._refresh(program.worker, ledger)
 
     def _detach(self, program: Program) -> None:
         if program.lifecycle is Lifecycle.PAUSED:
@@ -92,44 +101,41 @@ class ProgramTable:
         if program.worker is None:
             return
         ledger = self._ledger[program.worker]
+        prefix = program.shared_prefix_tokens
         if program.phase is Phase.REASONING:
             ledger.reasoning_tokens -= program.tokens
+            ledger.reasoning_prefix_tokens -= prefix
         else:
             ledger.acting_tokens -= program.tokens
+            ledger.acting_prefix_tokens -= prefix
         ledger.programs -= 1
-        ledger.shared_credit -= program.shared_prefix_tokens
+        if program.prefix_blocks:
+            ledger.prefix_counts.subtract(program.prefix_blocks)
+            for block in program.prefix_blocks:
+                if ledger.prefix_counts[block] <= 0:
+                    del ledger.prefix_counts[block]
         members = self._members[program.worker]
         del members[program.session_id]
         if not members:
             del self._members[program.worker]
             del self._ledger[program.worker]
-        self._refresh(program.worker)
+            self._usage.pop(program.worker, None)
+        else:
+            self._refresh(program.worker, ledger)
 
-    def _refresh(self, worker: WorkerKey) -> None:
-        shared = self._shared_prefix_term.get(worker, 0)
-        ledger = self._ledger.get(worker)
-        if ledger is None:
-            if shared:
-                self._usage[worker] = float(shared)
-            else:
-                self._usage.pop(worker, None)
-            return
+    def _refresh(self, worker: WorkerKey, ledger: _RankLedger) -> None:
         model = self.usage_model
         self._usage[worker] = (
-            ledger.reasoning_tokens
-            + model.acting_token_weight * ledger.acting_tokens
+            ledger.reasoning_tokens - ledger.reasoning_prefix_tokens
+            + model.acting_token_weight * (ledger.acting_tokens - ledger.acting_prefix_tokens)
             + model.buffer_per_program * ledger.programs
-            - ledger.shared_credit
-            + shared
+            + self._shared_term(ledger)
         )
 
-    def set_shared_prefix_term(self, worker: WorkerKey, tokens: int) -> None:
-        """Tokens of prefixes shared by programs on ``worker``, counted once."""
-        if tokens:
-            self._shared_prefix_term[worker] = tokens
-        else:
-            self._shared_prefix_term.pop(worker, None)
-        self._refresh(worker)
+    @staticmethod
+    def _shared_term(ledger: _RankLedger) -> int:
+        """The distinct prefix blocks of a rank's programs, each charged once."""
+        return len(ledger.prefix_counts) * ledger.prefix_block_tokens
 
     # ---- queries --------------------------------------------------------------
     def usage(self, worker: WorkerKey) -> float:
@@ -142,9 +148,13 @@ class ProgramTable:
         return self._usage
 
     def decayed_usage(self, worker: WorkerKey, now: float) -> float:
+        """Usage of ``worker`` with ACTING programs decayed by their idle time."""
+        ledger = self._ledger.get(worker)
+        if ledger is None:
+            return 0.0
         charge = self.usage_model.decayed_charge
-        shared = self._shared_prefix_term.get(worker, 0)
-        return shared + sum(charge(p, now) for p in self._members.get(worker, {}).values())
+        members = self._members[worker].values()
+        return self._shared_term(ledger) + sum(charge(p, now) for p in members)
 
     def members(self, worker: WorkerKey) -> list[Program]:
         """ACTIVE programs assigned to ``worker``, in creation order."""

@@ -108,10 +108,24 @@ class Scheduler:
 
     # ---- workers ---------------------------------------------------------------
     def set_workers(
-        self, live_worker_ids: set[int] | frozenset[int], cards: dict[WorkerKey, CapacityCard]
-    ) -> None:
-        """Replace the live set and capacity cards; the next tick acts on it."""
+        self,
+        live_worker_ids: set[int] | frozenset[int],
+        cards: dict[WorkerKey, CapacityCard],
+        now: float | None = None,
+    ) -> Decisions:
+        """Replace the live set and capacity cards; the next tick acts on it.
+
+        With ``resume_on_events`` and ``now`` given, room that appeared (a worker
+        joined, capacity grew) is used at once.
+        """
+        before = dict(self.capacity.known)
         self.capacity.update(live_worker_ids, cards)
+        d = Decisions()
+        if now is not None and any(
+            cap > before.get(worker, 0) for worker, cap in self.capacity.known.items()
+        ):
+            self._room_appeared(now, d)
+        return d
 
     # ---- admission -------------------------------------------------------------
     def submit(
@@ -123,8 +137,15 @@ class Scheduler:
         *,
         session_final: bool = False,
         parent_session_id: str | None = None,
+        prefix_blocks: tuple[int, ...] = (),
+        prefix_block_tokens: int = 0,
     ) -> Decisions:
-        """Admit, defer or reject one turn (or the session-final request) of a session."""
+        """Admit, defer or reject one turn (or the session-final request) of a session.
+
+        ``prefix_blocks`` are hashes of the prompt's leading KV blocks of
+        ``prefix_block_tokens`` tokens each; they matter only with
+        ``shared_prefix_accounting``.
+        """
         d = Decisions()
         table = self.table
         limit = self.params.max_tracked_requests
@@ -147,6 +168,7 @@ class Scheduler:
                 request_id, session_id, 0, now, RequestState.QUEUED, created_program=False)
             program.final_request = request_id
             self._advance(program, now, d)
+            self._room_appeared(now, d)
             return d
         created = False
         if program is None:
@@ -162,6 +184,10 @@ class Scheduler:
                                 "session-final request is pending); start a new session")
         request = TrackedRequest(request_id, session_id, input_tokens, now,
                                  RequestState.QUEUED, created_program=created)
+        if self.params.shared_prefix_accounting and prefix_block_tokens > 0:
+            limit_blocks = self.params.shared_prefix_max_blocks
+            request.prefix_blocks = tuple(prefix_blocks[:limit_blocks])
+            request.prefix_block_tokens = prefix_block_tokens
         table.requests[request_id] = request
         if program.current is None:
             self._start_turn(program, request, now, d)
@@ -178,6 +204,8 @@ class Scheduler:
             program.phase = Phase.REASONING
             program.tokens = request.input_tokens
             program.acting_since = None
+            program.prefix_blocks = request.prefix_blocks
+            program.prefix_block_tokens = request.prefix_block_tokens
         if program.lifecycle is Lifecycle.PAUSED:
             if program.deferred_since is None:
                 program.deferred_since = now
@@ -222,6 +250,8 @@ class Scheduler:
         request.released_to = worker
         request.released_at = now
         program.deferred_since = None
+        if program.active_since is None:
+            program.active_since = now
         if worker is not None and worker != program.worker:
             self._move(program, worker)
         d.released.append(Release(request.request_id, worker))
@@ -286,6 +316,7 @@ class Scheduler:
         if program.marked_for_pause:
             self._pause(program, now, d)  # its tool boundary
         self._advance(program, now, d)
+        self._room_appeared(now, d)
         return d
 
     def aborted(self, request_id: str, now: float) -> Decisions:
@@ -306,6 +337,7 @@ class Scheduler:
         if request.created_program and program.is_new and not program.busy:
             self.table.remove(program)  # roll back: the program never ran
             d.removed.append(program.session_id)
+            self._room_appeared(now, d)
             return d
         program.last_active = now
         with self.table.changing(program):
@@ -314,6 +346,7 @@ class Scheduler:
         if program.marked_for_pause:
             self._pause(program, now, d)
         self._advance(program, now, d)
+        self._room_appeared(now, d)
         return d
 
     cancel = aborted  # a cancelled deferral is an abort before release
@@ -332,11 +365,17 @@ class Scheduler:
             d.removed.append(program.session_id)
             d.released.append(Release(final, None, session_final=True))
 
+    def _room_appeared(self, now: float, d: Decisions) -> None:
+        """Event-driven resume (``resume_on_events``); the tick stays the backstop."""
+        if self.params.resume_on_events and self.table.any_paused:
+            self.resume_waiting(now, d)
+
     # ---- pause / resume --------------------------------------------------------
     def _pause(self, program: Program, now: float, d: Decisions) -> None:
         with self.table.changing(program):
             program.lifecycle = Lifecycle.PAUSED
         program.marked_for_pause = False
+        program.active_since = None
         program.pauses += 1
         self.counters["pauses"] += 1
         d.paused.append(program.session_id)
@@ -347,6 +386,7 @@ class Scheduler:
             self._move(program, worker)
         with self.table.changing(program):
             program.lifecycle = Lifecycle.ACTIVE
+        program.active_since = now
         program.resumes += 1
         self.counters["resumes"] += 1
         d.resumed.append((program.session_id, worker))
@@ -361,7 +401,10 @@ class Scheduler:
         Callable from the tick and from events (a completion or an abort frees
         room). Candidates are ordered by class (waiting turn, new, ACTING),
         then smallest first; the chosen set is packed largest-first onto the
-        rank with most room, so a program may move to another worker.
+        rank with most room, so a program may move to another worker. With
+        ``resume_affinity`` a program goes back to its last rank when that rank
+        has room. With ``max_wait_seconds`` a turn deferred that long comes
+        first, and while it does not fit nothing behind it is resumed.
         """
         d = d if d is not None else Decisions()
         paused = self.table.paused()
@@ -370,7 +413,7 @@ class Scheduler:
         known = self.capacity.known
         if not known:
             if self.capacity.any_live:  # capacity unknown: behave as at cold start
-                for program in sorted(paused, key=self._resume_order):
+                for program in sorted(paused, key=lambda p: self._resume_order(p, now)):
                     if program.current is not None:
                         self._resume(program, None, now, d)
             return d
@@ -379,24 +422,43 @@ class Scheduler:
         room = {w: cap * level - self.table.decayed_usage(w, now) for w, cap in known.items()}
         free = sum(max(0.0, r) for r in room.values())
         chosen = []
-        for program in sorted(paused, key=self._resume_order):
+        for program in sorted(paused, key=lambda p: self._resume_order(p, now)):
             need = program.tokens + buffer
             if need <= free:
                 chosen.append(program)
                 free -= need
+            elif self._aged(program, now):
+                break  # reserve the room that is left for the longest waiter
         # Most room first; ties to the lower worker/rank. A heap keeps each
-        # placement O(log ranks) at fleet scale.
+        # placement O(log ranks) at fleet scale; entries whose room changed are
+        # stale and skipped.
         heap = [(-r, w) for w, r in room.items()]
         heapq.heapify(heap)
         for program in sorted(chosen, key=lambda p: (-p.tokens, p.seq)):
             need = program.tokens + buffer
-            most, worker = heap[0]
-            if -most >= need:
-                heapq.heapreplace(heap, (most + need, worker))
-                self._resume(program, worker, now, d)
+            home = program.worker
+            if (self.params.resume_affinity and home is not None and home in room
+                    and room[home] >= need):
+                worker = home
+            else:
+                while -heap[0][0] != room[heap[0][1]]:
+                    heapq.heappop(heap)
+                worker = heap[0][1]
+                if room[worker] < need:
+                    continue
+            room[worker] -= need
+            heapq.heappush(heap, (-room[worker], worker))
+            self._resume(program, worker, now, d)
         return d
 
-    def _resume_order(self, program: Program) -> tuple[int, int, int]:
+    def _aged(self, program: Program, now: float) -> bool:
+        limit = self.params.max_wait_seconds
+        return (limit is not None and program.deferred_since is not None
+                and now - program.deferred_since >= limit)
+
+    def _resume_order(self, program: Program, now: float) -> tuple[int, float, int]:
+        if self._aged(program, now):
+            return (-1, program.deferred_since or 0.0, program.seq)  # oldest waiter first
         if program.is_new:
             klass = _NEW
         elif program.phase is Phase.REASONING and program.current is not None:
@@ -452,20 +514,45 @@ class Scheduler:
             self._resume(program, worker, now, d)
 
     def _relieve_pressure(self, now: float, d: Decisions) -> None:
-        """Pause the smallest ACTING programs of each over-threshold rank, then mark."""
+        """Pause ACTING programs of each over-threshold rank, then mark REASONING ones.
+
+        Parity: plain usage, smallest ACTING programs first. ``pressure_decay``
+        measures with the same decayed usage as the resume side; ``pause_order:
+        longest_idle`` pauses the programs whose tool has run longest first;
+        ``min_residency_seconds`` spares programs that only just became ACTIVE.
+        """
+        decay = self.params.pressure_decay
+        model = self.usage_model
+
+        def charge(program: Program) -> float:
+            return model.decayed_charge(program, now) if decay else model.charge(program)
+
+        if self.params.pause_order == "longest_idle":
+            def victim_order(p: Program) -> tuple[float, int, int]:
+                return (p.acting_since if p.acting_since is not None else now, p.tokens, p.seq)
+        else:
+            def victim_order(p: Program) -> tuple[float, int, int]:
+                return (0.0, p.tokens, p.seq)
+
+        residency = self.params.min_residency_seconds
         for worker, capacity in self.capacity.known.items():
-            usage = self.table.usage(worker)
+            usage = (self.table.decayed_usage(worker, now) if decay
+                     else self.table.usage(worker))
             if usage <= capacity * self.params.pause_threshold:
                 continue
             target = capacity * self.params.pause_target
             members = self.table.members(worker)
-            usage -= sum(self.usage_model.charge(p) for p in members if p.marked_for_pause)
-            acting = sorted((p for p in members if p.phase is Phase.ACTING),
-                            key=lambda p: (p.tokens, p.seq))
+            usage -= sum(charge(p) for p in members if p.marked_for_pause)
+            acting = sorted(
+                (p for p in members if p.phase is Phase.ACTING
+                 and not (residency and p.active_since is not None
+                          and now - p.active_since < residency)),
+                key=victim_order,
+            )
             for program in acting:
                 if usage <= target:
                     break
-                usage -= self.usage_model.charge(program)
+                usage -= charge(program)
                 self._pause(program, now, d)
             reasoning = sorted(
                 (p for p in members if p.phase is Phase.REASONING and not p.marked_for_pause),
@@ -474,7 +561,7 @@ class Scheduler:
             for program in reasoning:
                 if usage <= target:
                     break
-                usage -= self.usage_model.charge(program)
+                usage -= charge(program)
                 program.marked_for_pause = True
                 d.marked.append(program.session_id)
 

@@ -137,7 +137,9 @@ class ThunderAgentRouter:
         """Dynamo's handler: classify, select, forward, report the lifecycle."""
         request_id = _request_id(context)
         self.stats.requests += 1
-        classify_input = classify_request(request, request_id)
+        classify_input = classify_request(
+            request, request_id, block_tokens=self.block_size,
+            prefix_blocks=self.classifier.prefix_blocks_wanted)
         started = self.clock()
         try:
             admission = await _until_stopped(self.classifier.classify(classify_input), context)

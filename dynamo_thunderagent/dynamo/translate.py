@@ -17,7 +17,7 @@ Shapes (Dynamo 1.6.1, tokenized requests from ``python -m dynamo.frontend``):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +40,31 @@ def _truthy(value: Any) -> bool:
     return bool(value)
 
 
-def classify_request(request: Mapping[str, Any], request_id: str) -> ClassifyRequest:
-    """What the classifier needs from a tokenized request."""
+def prefix_block_hashes(token_ids: Sequence[int], block_tokens: int,
+                        max_blocks: int) -> tuple[int, ...]:
+    """Chained hashes of the first ``max_blocks`` full blocks of ``token_ids``.
+
+    Each hash covers the whole prefix up to the end of its block, so two
+    prompts share a hash exactly when they share that prefix (a common system
+    prompt), like the engine's prefix cache. Only equality matters; the values
+    are process-local.
+    """
+    hashes = []
+    previous = 0
+    for start in range(0, min(len(token_ids) // block_tokens, max_blocks) * block_tokens,
+                       block_tokens):
+        previous = hash((previous, tuple(token_ids[start:start + block_tokens])))
+        hashes.append(previous)
+    return tuple(hashes)
+
+
+def classify_request(request: Mapping[str, Any], request_id: str, *, block_tokens: int = 0,
+                     prefix_blocks: int = 0) -> ClassifyRequest:
+    """What the classifier needs from a tokenized request.
+
+    With ``prefix_blocks`` > 0 the leading block hashes are included (see
+    :func:`prefix_block_hashes`).
+    """
     context = request.get("agent_context") or {}
     session_id = context.get("session_id") or None
     parent = context.get("parent_session_id") or None
@@ -52,6 +75,9 @@ def classify_request(request: Mapping[str, Any], request_id: str) -> ClassifyReq
         input_tokens=len(token_ids),
         session_final=_truthy(context.get("session_final", False)),
         parent_session_id=None if parent is None else str(parent),
+        prefix_blocks=(prefix_block_hashes(token_ids, block_tokens, prefix_blocks)
+                       if prefix_blocks and block_tokens > 0 and session_id is not None else ()),
+        prefix_block_tokens=block_tokens if prefix_blocks else 0,
     )
 
 

@@ -177,7 +177,7 @@ def test_resume_picks_waiting_turn_then_new_then_acting_each_smallest_first(
     _rw_small, _ = h.turn("wait-small", 600)
     _rn_big, _ = h.turn("new-big", 500)
     _rn_small, _ = h.turn("new-small", 400)
-    order = sorted(h.scheduler.table.paused(), key=h.scheduler._resume_order)
+    order = sorted(h.scheduler.table.paused(), key=lambda p: h.scheduler._resume_order(p, h.now))
     assert [p.session_id for p in order] == [
         "wait-small", "wait-big", "new-small", "new-big", "act-small", "act-big"]
     # Room for exactly the first three (600 + 700 + 400 = 1,700) at 0.85 x 2,000.

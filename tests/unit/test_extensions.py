@@ -1,0 +1,176 @@
+"""Extensions beyond the parity scheduler (policies/thunderagent-extended.yaml).
+
+Each mechanism is a parameter that defaults to parity; each test shows the parity
+behaviour and the changed one side by side.
+"""
+
+from __future__ import annotations
+
+from dynamo_thunderagent.capacity import CapacityCard
+from dynamo_thunderagent.program import Lifecycle, WorkerKey
+from dynamo_thunderagent.scheduler import Release
+
+from .conftest import W0, W1, make
+
+
+def test_event_driven_resume_releases_a_waiting_turn_when_a_session_ends() -> None:
+    for on_events in (False, True):
+        h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, resume_on_events=on_events)
+        h.workers({W0: 1_000})
+        h.acting_on("a", W0, 900)
+        rid, d = h.turn("b", 500)
+        assert d.outcome(rid) is None
+        _, d = h.final("a")
+        released = d.outcome(rid)
+        if on_events:
+            assert isinstance(released, Release) and released.worker == W0
+        else:
+            assert released is None  # waits for the tick
+            assert isinstance(h.tick().outcome(rid), Release)
+
+
+def test_event_driven_resume_when_a_worker_joins() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, resume_on_events=True)
+    h.workers({W0: 1_000})
+    h.acting_on("a", W0, 900)
+    rid, _ = h.turn("b", 500)
+    d = h.scheduler.set_workers(
+        frozenset({0, 1}), {W0: CapacityCard(1_000, 1), W1: CapacityCard(1_000, 1)}, h.now)
+    outcome = d.outcome(rid)
+    assert isinstance(outcome, Release) and outcome.worker == W1
+
+
+def test_event_driven_resume_when_a_turn_completes_and_its_tool_time_decays() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1, resume_on_events=True)
+    h.workers({W0: 1_000})
+    rid_a, _ = h.turn("a", 900)
+    rid_b, d = h.turn("b", 500)
+    assert d.outcome(rid_b) is None
+    h.advance(10)
+    d = h.complete(rid_a, 900)  # a is ACTING now, but has not decayed yet
+    assert d.outcome(rid_b) is None
+    h.advance(10)
+    d = h.tick()  # the tick stays the backstop
+    assert isinstance(d.outcome(rid_b), Release)
+
+
+def test_pressure_with_decay_spares_programs_whose_cache_is_long_idle() -> None:
+    for decay in (False, True):
+        h = make(buffer_per_program=0, acting_decay_tau_seconds=1, pressure_decay=decay)
+        h.workers({W0: 2_000})
+        h.acting_on("idle", W0, 800)
+        h.advance(30)  # its tool has run for 30 s: decayed weight ~ 1e-9
+        h.acting_on("fresh", W0, 1_000)
+        h.workers({W0: 1_500})  # plain usage 1,800 > 1,425; decayed usage ~1,000
+        paused = h.tick().paused
+        assert paused == ([] if decay else ["idle"])
+
+
+def test_longest_idle_acting_program_pauses_first() -> None:
+    for order, expected in (("smallest", ["small-fresh"]), ("longest_idle", ["big-old"])):
+        h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, pause_order=order,
+                 pause_target=0.9)
+        h.workers({W0: 3_000})
+        h.acting_on("big-old", W0, 900)
+        h.advance(5)
+        h.acting_on("small-fresh", W0, 300)
+        h.acting_on("other", W0, 1_000)
+        h.workers({W0: 2_200})  # 2,200 > 2,090: pause down to 1,980, one program is enough
+        assert h.tick().paused == expected
+
+
+def prefix(n_blocks: int) -> tuple[int, ...]:
+    return tuple(range(1000, 1000 + n_blocks))
+
+
+def test_shared_prefix_is_counted_once_per_rank() -> None:
+    for accounting in (False, True):
+        h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9,
+                 shared_prefix_accounting=accounting)
+        h.workers({W0: 2_500})  # threshold 2,375
+        system = prefix(50)  # 800 tokens in 16-token blocks, common to both agents
+        for i, name in enumerate(("a", "b")):
+            rid = f"r{i}"
+            d = h.scheduler.submit(rid, name, 1_000, h.now, prefix_blocks=(*system, i),
+                                   prefix_block_tokens=16)
+            assert isinstance(d.outcome(rid), Release)
+            h.complete(rid, 1_000)
+        usage = h.scheduler.table.usage(W0)
+        # Each program: 800 shared + 16 own hashed + 184 unhashed tokens.
+        assert usage == (1_200 if accounting else 2_000)  # 50 shared + 2 own blocks + 2 x 184
+        rid, d = h.turn("c", 600)  # fits only if the shared prompt is counted once
+        assert isinstance(d.outcome(rid), Release) is accounting
+        # Leaving removes its own blocks; the shared ones stay while b holds them.
+        h.final("a")
+        assert h.scheduler.table.usage(W0) == (
+            (800 + 16 + 184 + (600 if accounting else 0)) if accounting else 1_000)
+
+
+def test_resume_affinity_returns_a_program_to_the_rank_that_holds_its_cache() -> None:
+    for affinity, expected in ((False, W1), (True, W0)):
+        h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, resume_affinity=affinity)
+        h.workers({W0: 2_000, W1: 2_000})
+        h.acting_on("p", W0, 500)
+        h.acting_on("x", W0, 900)
+        h.workers({W0: 1_400, W1: 2_000})  # W0 over threshold: p (smallest) pauses
+        assert h.tick().paused == ["p"]
+        h.final("x")
+        h.workers({W0: 1_000, W1: 4_000})  # both have room; W1 has more
+        resumed = dict(h.tick().resumed)
+        assert resumed["p"] == expected
+
+
+def test_an_aged_waiter_goes_first_and_reserves_room() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, max_wait_seconds=60,
+             resume_timeout_seconds=600)
+    h.workers({W0: 1_000})
+    h.acting_on("hog", W0, 900)
+    rid_big, _ = h.turn("big", 700)
+    h.advance(61)  # big has waited past max_wait
+    rid_small, _ = h.turn("small", 100)
+    h.final("hog")
+    h.workers({W0: 700})  # room at the resume level: 595 < 700, 100 would fit
+    d = h.tick()
+    assert d.outcome(rid_small) is None, "nothing jumps ahead of an aged waiter"
+    assert d.outcome(rid_big) is None
+    h.workers({W0: 1_000})
+    d = h.tick()
+    assert isinstance(d.outcome(rid_big), Release)
+
+
+def test_without_aging_small_programs_pass_a_large_waiter() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9)
+    h.workers({W0: 1_000})
+    h.acting_on("hog", W0, 900)
+    rid_big, _ = h.turn("big", 700)
+    h.advance(61)
+    rid_small, _ = h.turn("small", 100)
+    h.final("hog")
+    h.workers({W0: 700})
+    d = h.tick()
+    assert isinstance(d.outcome(rid_small), Release) and d.outcome(rid_big) is None
+
+
+def test_min_residency_spares_a_program_that_just_resumed() -> None:
+    for residency, expected in ((0.0, ["r"]), (30.0, ["other"])):
+        h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, pause_target=0.85,
+                 min_residency_seconds=residency)
+        h.workers({W0: 10_000})
+        h.acting_on("other", W0, 600)
+        h.advance(100)
+        h.acting_on("r", W0, 300)  # became ACTIVE just now
+        h.acting_on("filler", W0, 700)
+        h.workers({W0: 1_600})  # 1,600 > 1,520: pause to 1,360
+        paused = h.tick().paused
+        assert paused == expected
+        assert h.program(expected[0]).lifecycle is Lifecycle.PAUSED
+
+
+def test_extension_defaults_are_the_parity_behaviour() -> None:
+    from dynamo_thunderagent.config import ThunderAgentParameters
+
+    p = ThunderAgentParameters()
+    assert (p.resume_on_events, p.pressure_decay, p.pause_order, p.shared_prefix_accounting,
+            p.resume_affinity, p.max_wait_seconds, p.min_residency_seconds) == (
+        False, False, "smallest", False, False, None, 0.0)
+    assert WorkerKey(0) == W0
