@@ -60,7 +60,14 @@ PARAMETER_SETS = [
     dict(buffer_per_program=100, acting_token_weight=1.0, acting_decay_tau_seconds=5.0),
     dict(buffer_per_program=0, acting_token_weight=0.5, acting_decay_tau_seconds=0.5,
          pause_threshold=0.8, pause_target=0.5, resume_hysteresis=0.3),
+    # The extensions (policies/thunderagent-extended.yaml), in two mixes.
+    dict(buffer_per_program=10, resume_on_events=True, resume_affinity=True,
+         max_wait_seconds=12.0, shared_prefix_accounting=True),
+    dict(buffer_per_program=20, acting_token_weight=0.7, pressure_decay=True,
+         pause_order="longest_idle", min_residency_seconds=7.0, resume_on_events=True,
+         shared_prefix_accounting=True),
 ]
+PREFIX_BLOCK_TOKENS = 8
 
 small_cards = st.builds(CapacityCard, total_kv_blocks=st.integers(0, 40),
                         block_size=st.sampled_from([8, 16]))
@@ -150,7 +157,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     def submit(self, session: str, tokens: int, *, final: bool) -> str:
         rid = f"r{next(self.ids)}"
         self.pending[rid] = Submitted(rid, session, tokens, final, self.now)
-        d = self.scheduler.submit(rid, session, tokens, self.now, session_final=final)
+        # Every prompt starts with the same 3-block system prompt, then a block of
+        # its own session, as far as its length allows.
+        blocks = (1, 2, 3, hash(session))[: tokens // PREFIX_BLOCK_TOKENS]
+        d = self.scheduler.submit(rid, session, tokens, self.now, session_final=final,
+                                  prefix_blocks=blocks, prefix_block_tokens=PREFIX_BLOCK_TOKENS)
         self.absorb(d, submitted=rid)
         return rid
 
@@ -170,7 +181,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         elif not live:
             self.live_since = None
         self.live, self.cards = live, dict(cards)
-        self.scheduler.set_workers(live, dict(cards))
+        if hasattr(self, "pending"):
+            self.observe()
+        self.absorb(self.scheduler.set_workers(live, dict(cards), self.now))
 
     def observe(self) -> None:
         """Note when each request was first seen deferred (the deferral clock)."""
@@ -441,10 +454,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "scheduler"):
             return
         recount: dict[WorkerKey, float] = {}
+        distinct: dict[WorkerKey, set[int]] = {}
         for program in self.table.programs.values():
             if program.lifecycle is Lifecycle.ACTIVE and program.worker is not None:
                 charge = self.scheduler.usage_model.charge(program)
                 recount[program.worker] = recount.get(program.worker, 0.0) + charge
+                distinct.setdefault(program.worker, set()).update(program.prefix_blocks)
+        for rank, blocks in distinct.items():  # shared prefix blocks: charged once per rank
+            recount[rank] += len(blocks) * PREFIX_BLOCK_TOKENS
         for rank in set(recount) | set(RANKS) | set(self.table.assigned_workers()):
             ledger = self.table.usage(rank)
             assert close(ledger, recount.get(rank, 0.0)), (
@@ -507,12 +524,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         # No turn in flight: pressure relief had only ACTING programs to pause.
         threshold = self.params.pause_threshold
+        residency = self.params.min_residency_seconds
         for rank, capacity in self.scheduler.capacity.known.items():
-            usage = self.table.usage(rank)
+            # The pressure side measures as configured: plain or decayed usage.
+            usage = (self.table.decayed_usage(rank, self.now) if self.params.pressure_decay
+                     else self.table.usage(rank))
             if usage <= capacity * threshold + TOLERANCE:
                 continue
             active_acting = [p.session_id for p in self.table.members(rank)
-                             if p.phase is Phase.ACTING]
+                             if p.phase is Phase.ACTING
+                             and not (p.active_since is not None
+                                      and self.now - p.active_since < residency)]
             assert not active_acting, (
                 f"after a quiet tick {rank} uses {usage} > {capacity} x {threshold} and "
                 f"still has ACTING programs {active_acting} it could pause")
