@@ -1,0 +1,167 @@
+"""Shared helpers for end-to-end tests: policies, the router's /state, chat turns.
+
+Everything here talks to real processes started by
+:class:`~dynamo_thunderagent.stack.launcher.LocalStack`. Waits poll with
+deadlines (never fixed sleeps) because a 2-core CI box can be slow to start,
+schedule or answer; a deadline failure reports the last state seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MODEL = "tiny"
+SESSION = "X-Dynamo-Session-ID"
+SESSION_FINAL = "X-Dynamo-Session-Final"
+# Ask the frontend to pass the chunks' engine_data through: our router puts the
+# serving worker/rank there (nvext.worker_id names the router itself).
+ENGINE_DATA = {"nvext": {"extra_fields": ["engine_data"]}}
+
+State = dict[str, Any]
+
+
+def write_policy(path: Path, **parameters: Any) -> Path:
+    """A ThunderAgent router-policy YAML with these classifier parameters."""
+    lines = ["request_classifier:", "  type: thunderagent"]
+    if parameters:
+        lines.append("  parameters:")
+        lines += [f"    {key}: {json.dumps(value)}" for key, value in parameters.items()]
+    lines += [
+        "worker_selection:",
+        "  instances:",
+        "    - name: ta",
+        "      type: thunderagent",
+        "  aggregated: ta",
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def get_state(stack: Any) -> State:
+    """The router's GET /state document."""
+    assert stack.state_url, "this stack has no state endpoint (arm 'ours' only)"
+    with urllib.request.urlopen(stack.state_url, timeout=10) as response:
+        state: State = json.loads(response.read())
+    return state
+
+
+def wait_for_state(
+    stack: Any, predicate: Callable[[State], bool], what: str, timeout: float = 30.0
+) -> State:
+    """Poll /state until ``predicate`` holds; fail with the last state after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: State | None = None
+    while True:
+        try:
+            last = get_state(stack)
+            if predicate(last):
+                return last
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last /state:\n"
+                        f"{json.dumps(last, indent=1)}")
+        time.sleep(0.1)
+
+
+async def async_wait_for_state(
+    stack: Any, predicate: Callable[[State], bool], what: str, timeout: float = 30.0
+) -> State:
+    """:func:`wait_for_state` for async tests: polls in a thread, keeps the loop running."""
+    deadline = time.monotonic() + timeout
+    last: State | None = None
+    while True:
+        try:
+            last = await asyncio.to_thread(get_state, stack)
+            if predicate(last):
+                return last
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last /state:\n"
+                        f"{json.dumps(last, indent=1)}")
+        await asyncio.sleep(0.05)
+
+
+def programs(state: State) -> dict[str, dict[str, Any]]:
+    result: dict[str, dict[str, Any]] = state["scheduler"]["programs"]
+    return result
+
+
+def counters(state: State) -> dict[str, int]:
+    result: dict[str, int] = state["scheduler"]["counters"]
+    return result
+
+
+def worker_of(program: dict[str, Any]) -> int | None:
+    """A /state program's worker id (its ``"worker/rank"`` string), or None."""
+    worker = program.get("worker")
+    return None if worker is None else int(str(worker).split("/")[0])
+
+
+def idle(state: State) -> bool:
+    """No program, no tracked request, nothing forwarded right now."""
+    return (not programs(state) and state["scheduler"]["tracked_requests"] == 0
+            and state["in_flight"] == 0)
+
+
+def wait_until_ready(stack: Any, num_workers: int, timeout: float = 60.0) -> State:
+    """The router sees every worker live and knows each one's capacity.
+
+    The launcher returns once the frontend lists the model; the router's own
+    worker watch may still be a refresh behind.
+    """
+    return wait_for_state(
+        stack,
+        lambda s: len(s["live_workers"]) == num_workers
+        and sum(1 for r in s["scheduler"]["ranks"].values() if r["capacity_tokens"]) == num_workers,
+        f"the router to see {num_workers} live workers with capacity",
+        timeout,
+    )
+
+
+def serving_worker(response: Any) -> int:
+    """The worker id our router reported for a (non-streamed) chat response."""
+    nvext = (response.model_extra or {}).get("nvext") or {}
+    thunderagent = (nvext.get("engine_data") or {}).get("thunderagent")
+    assert thunderagent, f"no engine_data.thunderagent in the response: {nvext!r}"
+    return int(thunderagent["worker_id"])
+
+
+def chat(
+    client: Any,
+    messages: list[dict[str, str]],
+    *,
+    session: str | None,
+    max_tokens: int = 8,
+    final: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """One chat turn through the sync OpenAI client, with the session headers."""
+    headers = {} if session is None else {SESSION: session}
+    if final:
+        headers[SESSION_FINAL] = "true"
+    return client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=max_tokens, extra_headers=headers,
+        extra_body=ENGINE_DATA, **kwargs,
+    )
+
+
+def end_session(client: Any, session: str) -> None:
+    """Send the minimal session-final request that releases the session's program."""
+    chat(client, [{"role": "user", "content": "done"}], session=session, max_tokens=1, final=True)
+
+
+def turn_text(session: str, turn: int, words: int = 12) -> str:
+    """A user message that makes contexts grow turn by turn (tool output, say)."""
+    return f"turn {turn} of {session}: " + " ".join(f"line{turn}-{i}" for i in range(words))
