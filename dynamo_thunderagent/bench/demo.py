@@ -38,7 +38,7 @@ from dynamo_thunderagent.bench.workload import (
 # Agents of 8-16 turns: a 256-token shared system prompt, 256-512 tokens of task, then
 # 64-192 tool tokens and 16-48 generated tokens per turn (about 2.5k tokens at the peak).
 # Tool times follow workload.md's mixture at a quarter of the real durations (median 0.5 s,
-# tail capped at 150 s), so a 45 s window sees many turns and some long-ACTING programs.
+# tail capped at 150 s), so a 60 s window sees many turns and some long-ACTING programs.
 DEMO_SPEC = WorkloadSpec(
     turns=(8, 16),
     system_prompt_tokens=256,
@@ -59,7 +59,7 @@ class DemoConfig:
 
     arms: tuple[str, ...] = DEMO_ARMS
     agents: int = 16
-    duration_s: float = 45.0
+    duration_s: float = 60.0
     warmup_s: float = 10.0
     drain_s: float = 10.0
     seed: int = 0
@@ -342,13 +342,13 @@ def run_demo_config(config: DemoConfig, *, as_json: bool, out: TextIO = sys.stdo
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agents", type=int, default=16, help="closed-loop agents (default 16)")
     parser.add_argument(
-        "--duration", type=float, default=45.0, help="seconds each arm launches turns (default 45)"
+        "--duration", type=float, default=60.0, help="seconds each arm launches turns (default 60)"
     )
     parser.add_argument(
         "--warmup",
         type=float,
         default=None,
-        help="seconds dropped from steps/min (default: duration / 4.5)",
+        help="seconds dropped from steps/min (default: min(10, duration / 4))",
     )
     parser.add_argument(
         "--drain",
@@ -400,7 +400,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         raise ValueError(f"--arms: unknown {unknown or 'empty'}; choose from {KNOWN_ARMS}")
     if args.agents < 1 or args.duration <= 0 or args.drain < 0:
         raise ValueError("--agents must be >= 1, --duration > 0 and --drain >= 0")
-    warmup = args.duration / 4.5 if args.warmup is None else args.warmup
+    warmup = min(10.0, args.duration / 4) if args.warmup is None else args.warmup
     if not 0 <= warmup < args.duration:
         raise ValueError(f"--warmup must be in [0, --duration), got {warmup}")
     if args.pressure <= 0 or args.speedup_ratio <= 0:
