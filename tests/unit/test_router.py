@@ -1,0 +1,396 @@
+"""The router component's request path and worker watch, with fake Dynamo objects.
+
+The classifier and selector are the real ones (with a fake clock); the KV
+router, the endpoint client and the model-card source are small fakes whose
+streams are async generators shaped like Dynamo 1.6.1's chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from dynamo_thunderagent.capacity import CapacityCard
+from dynamo_thunderagent.classifier import (
+    Aborted,
+    Completed,
+    RequestEvent,
+    Responding,
+    Sent,
+    ThunderAgentClassifier,
+)
+from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.dynamo.router import ThunderAgentRouter
+from dynamo_thunderagent.program import Lifecycle, Phase, WorkerKey
+from dynamo_thunderagent.selector import ThunderAgentSelector
+
+A, B = 11, 22  # worker instance ids
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def chunk_stream(worker: int, rank: int, prompt: int, tokens: int) -> list[dict[str, Any]]:
+    """The chunks a mocker worker sends for one request: one token each, then a finish."""
+    chunks: list[dict[str, Any]] = []
+    for i in range(tokens):
+        chunk: dict[str, Any] = {"token_ids": [1000 + i], "finish_reason": None}
+        if i == 0:
+            chunk["routing_data"] = {"worker_id": {"decode_worker_id": worker,
+                                                   "decode_dp_rank": rank}}
+            chunk["completion_usage"] = {"prompt_tokens": prompt, "completion_tokens": 1,
+                                         "prompt_tokens_details": {"cached_tokens": 0}}
+        chunks.append(chunk)
+    chunks.append({"token_ids": [], "finish_reason": "length",
+                   "completion_usage": {"prompt_tokens": prompt, "completion_tokens": tokens,
+                                        "prompt_tokens_details": {"cached_tokens": 0}}})
+    return chunks
+
+
+class FakeKvRouter:
+    """Serves each request on the worker/rank it is pinned to (like Dynamo's KvRouter).
+
+    ``hold`` (if set) is awaited after the first chunk, so a test can look at a
+    request while it is in flight; ``fail_after_first`` raises instead of finishing.
+    """
+
+    def __init__(self, tokens: int = 3) -> None:
+        self.tokens = tokens
+        self.requests: list[dict[str, Any]] = []
+        self.load_queries = 0
+        self.loads: dict[int, int] = {A: 0, B: 0}  # worker -> potential prefill tokens
+        self.hold: asyncio.Event | None = None
+        self.fail_after_first: Exception | None = None
+        self.end_without_finish = False
+
+    async def get_potential_loads(self, token_ids: list[int]) -> list[dict[str, int]]:
+        self.load_queries += 1
+        return [{"worker_id": w, "dp_rank": 0, "potential_prefill_tokens": load,
+                 "potential_decode_blocks": 0, "active_requests": 0}
+                for w, load in self.loads.items()]
+
+    async def generate_from_request(self, request: Any) -> AsyncIterator[Any]:
+        self.requests.append(request)
+        return self._stream(request)
+
+    async def _stream(self, request: dict[str, Any]) -> AsyncIterator[Any]:
+        routing = request.get("routing") or {}
+        worker = routing.get("backend_instance_id", A)
+        rank = routing.get("dp_rank", 0)
+        chunks = chunk_stream(worker, rank, len(request["token_ids"]), self.tokens)
+        if self.end_without_finish:
+            chunks = chunks[:-1]
+        for index, chunk in enumerate(chunks):
+            yield chunk
+            if index == 0:
+                if self.hold is not None:
+                    await self.hold.wait()
+                if self.fail_after_first is not None:
+                    raise self.fail_after_first
+
+
+class FakeClient:
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    def instance_ids(self) -> list[int]:
+        return list(self.ids)
+
+
+class FakeCards:
+    def __init__(self, cards: dict[str, str]) -> None:
+        self.cards = cards
+
+    def get_model_cards(self) -> dict[str, str]:
+        return dict(self.cards)
+
+
+def model_card(blocks: int, block_size: int = 16) -> str:
+    return json.dumps({"kv_cache_block_size": block_size,
+                       "runtime_config": {"total_kv_blocks": blocks}})
+
+
+class FakeContext:
+    """The request context Dynamo passes to a handler: an id and a stop signal."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.stopped = asyncio.Event()
+
+    def id(self) -> str:
+        return self.request_id
+
+    async def async_killed_or_stopped(self) -> bool:
+        await self.stopped.wait()
+        return True
+
+
+class Harness:
+    def __init__(self, blocks: int = 256, **params: Any) -> None:
+        self.clock = FakeClock()
+        self.classifier = ThunderAgentClassifier(ThunderAgentParameters(**params),
+                                                 clock=self.clock)
+        self.events: list[RequestEvent] = []
+        learn = self.classifier.on_event
+
+        def spy(event: RequestEvent) -> None:
+            self.events.append(event)
+            learn(event)
+
+        self.classifier.on_event = spy  # type: ignore[method-assign]
+        self.kv = FakeKvRouter()
+        self.client = FakeClient([A, B])
+        self.cards = FakeCards({str(A): model_card(blocks), str(B): model_card(blocks)})
+        self.router = ThunderAgentRouter(
+            self.classifier, ThunderAgentSelector(ThunderAgentParameters()), self.kv,
+            self.client, self.cards, clock=self.clock)
+        self.router.refresh_workers()
+
+    def program(self, session: str) -> Any:
+        return self.classifier.scheduler.table.programs[session]
+
+    def events_of(self, request_id: str) -> list[RequestEvent]:
+        return [e for e in self.events if e.request_id == request_id]
+
+
+def turn(session: str | None, tokens: int = 10, final: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "tiny", "token_ids": list(range(tokens)), "routing": {},
+                            "stop_conditions": {"max_tokens": 3}}
+    if session is not None:
+        body["agent_context"] = {"session_id": session, "session_final": final}
+    return body
+
+
+async def collect(router: ThunderAgentRouter, request: dict[str, Any],
+                  request_id: str) -> list[dict[str, Any]]:
+    return [chunk async for chunk in router.generate(request, FakeContext(request_id))]
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Let other tasks run until ``condition`` holds (bounded: no test hangs)."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    pytest.fail(f"never happened: {what}")
+
+
+# ---- admission and forwarding ----------------------------------------------------------
+async def test_admitted_request_is_forwarded_pinned_to_the_selected_worker() -> None:
+    h = Harness()
+    request = turn("s", tokens=10)
+    chunks = await collect(h.router, request, "r1")
+
+    forwarded = h.kv.requests[0]
+    assert forwarded["routing"] == {"backend_instance_id": A, "dp_rank": 0}
+    assert request["routing"] == {}, "the frontend's request dict was modified"
+    assert chunks[0]["engine_data"]["thunderagent"] == {"worker_id": A, "dp_rank": 0}
+    assert all("engine_data" not in c for c in chunks[1:])
+    assert chunks[-1]["finish_reason"] == "length"
+    assert h.events_of("r1") == [Sent("r1", WorkerKey(A)), Responding("r1"),
+                                 Completed("r1", 10 + 3)]
+    program = h.program("s")
+    assert program.worker == WorkerKey(A) and program.phase is Phase.ACTING
+    assert program.tokens == 13 and program.steps == 1
+    assert h.router.in_flight == {} and h.router.stats.completed == 1
+
+
+async def test_later_turns_stay_on_the_programs_worker_even_when_another_is_idler() -> None:
+    h = Harness()
+    await collect(h.router, turn("s"), "r1")
+    h.kv.loads = {A: 5_000, B: 0}  # the KV router alone would pick B now
+    await collect(h.router, turn("s", tokens=20), "r2")
+    assert h.kv.requests[1]["routing"]["backend_instance_id"] == A
+    assert h.program("s").steps == 2
+
+
+async def test_requests_without_a_session_pass_through_unpinned_and_untracked() -> None:
+    h = Harness()
+    request = turn(None)
+    chunks = await collect(h.router, request, "r1")
+    assert h.kv.requests == [request]  # forwarded as the frontend sent it
+    assert chunks[-1]["finish_reason"] == "length"
+    assert h.events == [] and h.classifier.scheduler.table.programs == {}
+    assert h.router.stats.passthrough == 1 and h.kv.load_queries == 0
+
+
+# ---- deferral and rejection ------------------------------------------------------------
+async def test_a_second_turn_of_a_session_waits_for_the_first_to_complete() -> None:
+    h = Harness()
+    h.kv.hold = asyncio.Event()
+    first = asyncio.create_task(collect(h.router, turn("s"), "r1"))
+    await until(lambda: len(h.kv.requests) == 1, "the first turn is forwarded")
+    second = asyncio.create_task(collect(h.router, turn("s", tokens=14), "r2"))
+    await until(lambda: len(h.program("s").waiting) == 1, "the second turn queues")
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert len(h.kv.requests) == 1 and not second.done()
+
+    h.kv.hold.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert len(h.kv.requests) == 2
+    order = [type(e).__name__ + ":" + e.request_id for e in h.events
+             if isinstance(e, (Sent, Completed))]
+    assert order == ["Sent:r1", "Completed:r1", "Sent:r2", "Completed:r2"]
+
+
+async def test_a_new_program_without_room_is_deferred_until_a_tick_resumes_it() -> None:
+    # One worker of 160 tokens; usage may reach 152 (0.95) and resumes below 136 (0.85).
+    h = Harness(blocks=10, buffer_per_program=0, acting_decay_tau_seconds=1.0)
+    h.client.ids = [A]
+    h.cards.cards = {str(A): model_card(10)}
+    h.kv.loads = {A: 0}
+    h.router.refresh_workers()
+    await collect(h.router, turn("big", tokens=120), "r1")  # ACTING with 123 tokens
+
+    waiting = asyncio.create_task(collect(h.router, turn("small", tokens=100), "r2"))
+    await until(lambda: "small" in h.classifier.scheduler.table.programs, "admission ran")
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not waiting.done() and len(h.kv.requests) == 1
+    assert h.program("small").lifecycle is Lifecycle.PAUSED
+
+    h.clock.now += 30  # the big program's tool has run long: its ACTING tokens decayed
+    h.classifier.tick()
+    chunks = await asyncio.wait_for(waiting, 5)
+    assert chunks[-1]["finish_reason"] == "length"
+    assert h.kv.requests[1]["routing"]["backend_instance_id"] == A
+    assert h.program("small").resumes == 1
+    assert h.router.stats.admission_wait_s[-1] == 30
+
+
+async def test_rejected_request_raises_an_error_that_says_why() -> None:
+    h = Harness(max_tracked_requests=1)
+    h.kv.hold = asyncio.Event()
+    holder = asyncio.create_task(collect(h.router, turn("holder"), "r1"))
+    await until(lambda: len(h.kv.requests) == 1, "the holder is forwarded")
+
+    with pytest.raises(Exception, match=r"max_tracked_requests=1") as rejected:
+        await collect(h.router, turn("other"), "r2")
+    assert "rejected request r2" in str(rejected.value)
+    assert h.router.stats.rejected == 1 and len(h.kv.requests) == 1
+    assert "other" not in h.classifier.scheduler.table.programs
+
+    h.kv.hold.set()
+    await asyncio.wait_for(holder, 5)
+
+
+# ---- session final ---------------------------------------------------------------------
+async def test_session_final_yields_one_chunk_and_never_touches_the_kv_router() -> None:
+    h = Harness()
+    await collect(h.router, turn("s"), "r1")
+    forwarded, queries = len(h.kv.requests), h.kv.load_queries
+
+    chunks = await collect(h.router, turn("s", tokens=4, final=True), "r2")
+    assert len(chunks) == 1 and chunks[0]["finish_reason"] == "stop"
+    assert chunks[0]["token_ids"] == []
+    assert (len(h.kv.requests), h.kv.load_queries) == (forwarded, queries)
+    assert "s" not in h.classifier.scheduler.table.programs
+    assert h.events_of("r2") == [] and h.router.stats.session_final == 1
+
+
+# ---- failures, disconnects, cancellation -----------------------------------------------
+async def test_an_error_from_the_kv_stream_aborts_once_and_the_program_is_acting_again() -> None:
+    h = Harness()
+    await collect(h.router, turn("s"), "r1")
+    h.kv.fail_after_first = ConnectionError("worker went away")
+
+    with pytest.raises(ConnectionError):
+        await collect(h.router, turn("s", tokens=20), "r2")
+    terminal = [e for e in h.events_of("r2") if isinstance(e, (Aborted, Completed))]
+    assert len(terminal) == 1 and isinstance(terminal[0], Aborted)
+    assert "worker went away" in terminal[0].reason
+    program = h.program("s")
+    assert program.phase is Phase.ACTING and program.lifecycle is Lifecycle.ACTIVE
+    assert program.current is None and h.classifier.scheduler.table.requests == {}
+    assert h.router.stats.errors == 1 and h.router.stats.aborted == 1
+    assert h.router.in_flight == {}
+
+    h.kv.fail_after_first = None  # the session carries on
+    await collect(h.router, turn("s", tokens=30), "r3")
+    assert h.program("s").steps == 2
+
+
+async def test_a_stream_that_ends_without_a_finish_reason_is_aborted() -> None:
+    h = Harness()
+    await collect(h.router, turn("s"), "r1")
+    h.kv.end_without_finish = True
+    await collect(h.router, turn("s"), "r2")
+    assert [type(e) for e in h.events_of("r2")] == [Sent, Responding, Aborted]
+    assert h.program("s").phase is Phase.ACTING and h.program("s").steps == 1
+
+
+async def test_closing_the_generator_mid_stream_aborts_the_request() -> None:
+    h = Harness()
+    await collect(h.router, turn("s"), "r1")
+    stream = h.router.generate(turn("s", tokens=20), FakeContext("r2"))
+    first = await stream.__anext__()
+    assert first["token_ids"]
+    assert h.router.in_flight.keys() == {"r2"}
+
+    await stream.aclose()  # what Dynamo does when the client disconnects
+    assert [type(e) for e in h.events_of("r2")] == [Sent, Responding, Aborted]
+    assert h.router.in_flight == {} and h.classifier.scheduler.table.requests == {}
+    assert h.router.stats.aborted == 1 and h.router.stats.errors == 0
+    program = h.program("s")
+    assert program.phase is Phase.ACTING and program.lifecycle is Lifecycle.ACTIVE
+
+
+async def test_a_client_that_leaves_while_deferred_is_never_forwarded() -> None:
+    h = Harness()
+    h.kv.hold = asyncio.Event()
+    first = asyncio.create_task(collect(h.router, turn("s"), "r1"))
+    await until(lambda: len(h.kv.requests) == 1, "the first turn is forwarded")
+    context = FakeContext("r2")
+    second = asyncio.create_task(
+        _drain(h.router.generate(turn("s"), context)))
+    await until(lambda: len(h.program("s").waiting) == 1, "the second turn queues")
+
+    context.stopped.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(second, 5)
+    assert len(h.program("s").waiting) == 0
+    assert "r2" not in h.classifier.scheduler.table.requests
+
+    h.kv.hold.set()
+    await asyncio.wait_for(first, 5)
+    assert len(h.kv.requests) == 1 and h.classifier.scheduler.table.requests == {}
+
+
+async def _drain(stream: AsyncIterator[Any]) -> list[Any]:
+    return [chunk async for chunk in stream]
+
+
+# ---- the worker watch ------------------------------------------------------------------
+def test_refresh_workers_passes_live_ids_and_their_cards_to_the_classifier() -> None:
+    h = Harness()
+    seen: list[tuple[set[int], dict[WorkerKey, CapacityCard]]] = []
+
+    def update_workers(live: Any, cards: Any) -> None:
+        seen.append((set(live), dict(cards)))
+
+    h.classifier.update_workers = update_workers  # type: ignore[method-assign]
+    h.client.ids = [A, B]
+    h.cards.cards = {
+        str(A): model_card(64, 32),
+        str(B): json.dumps({"kv_cache_block_size": 32, "runtime_config": {}}),  # no blocks yet
+        "33": model_card(64, 32),  # a card left behind by a worker that is gone
+    }
+    assert h.router.refresh_workers() is True
+    assert seen[-1] == ({A, B}, {WorkerKey(A): CapacityCard(64, 32)})
+    assert h.router.block_size == 32  # the cards' block size replaces the default
+
+    assert h.router.refresh_workers() is False  # nothing changed
+    h.client.ids = [B]
+    assert h.router.refresh_workers() is True
+    assert seen[-1] == ({B}, {})
+    assert h.router.state()["live_workers"] == [B]

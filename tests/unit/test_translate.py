@@ -1,0 +1,266 @@
+"""Translations between Dynamo 1.6.1 wire shapes and the scheduler's inputs (no Dynamo needed)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from dynamo_thunderagent.capacity import CapacityCard
+from dynamo_thunderagent.classifier import Aborted, Completed, Responding, Sent
+from dynamo_thunderagent.dynamo.translate import (
+    StreamTracker,
+    capacity_cards,
+    classify_request,
+    pin_request,
+    prefix_block_hashes,
+    served_by,
+    session_final_response,
+    with_serving_worker,
+    worker_loads,
+)
+from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.selector import WorkerLoad
+
+
+def request(agent_context: dict[str, Any] | None = None, tokens: int = 5,
+            **extra: Any) -> dict[str, Any]:
+    """A tokenized request as the frontend sends it (the keys the router reads)."""
+    body: dict[str, Any] = {"model": "tiny", "token_ids": list(range(100, 100 + tokens)),
+                            "routing": {}, **extra}
+    if agent_context is not None:
+        body["agent_context"] = agent_context
+    return body
+
+
+def first_chunk(worker: int = 7, rank: int = 0, token: int = 1500) -> dict[str, Any]:
+    return {
+        "token_ids": [token], "finish_reason": None,
+        "completion_usage": {"prompt_tokens": 40, "completion_tokens": 1, "total_tokens": 41,
+                             "prompt_tokens_details": {"cached_tokens": 32}},
+        "routing_data": {"worker_id": {"prefill_worker_id": worker, "prefill_dp_rank": rank,
+                                       "decode_worker_id": worker, "decode_dp_rank": rank}},
+    }
+
+
+def middle_chunk(token: int = 1501) -> dict[str, Any]:
+    return {"token_ids": [token], "finish_reason": None}
+
+
+def final_chunk(prompt: int = 40, completion: int = 3) -> dict[str, Any]:
+    return {
+        "token_ids": [], "finish_reason": "length",
+        "completion_usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                             "total_tokens": prompt + completion,
+                             "prompt_tokens_details": {"cached_tokens": 32}},
+        "routing_data": {"timing": {"ttft_ms": 3.0}},
+    }
+
+
+# ---- classify_request --------------------------------------------------------------
+def test_classify_request_reads_the_session_from_agent_context() -> None:
+    req = request({"session_id": "s1", "parent_session_id": "p1",
+                   "input_trigger": "user_message"}, tokens=7)
+    out = classify_request(req, "r1")
+    assert (out.request_id, out.session_id, out.parent_session_id) == ("r1", "s1", "p1")
+    assert out.input_tokens == 7 and out.session_final is False
+
+
+def test_request_without_agent_context_has_no_session() -> None:
+    out = classify_request(request(None), "r1")
+    assert out.session_id is None and out.parent_session_id is None
+    assert out.session_final is False and out.input_tokens == 5
+
+
+def test_empty_session_id_counts_as_no_session_and_other_ids_become_strings() -> None:
+    assert classify_request(request({"session_id": ""}), "r").session_id is None
+    assert classify_request(request({"session_id": 42}), "r").session_id == "42"
+
+
+@pytest.mark.parametrize(
+    ("value", "final"),
+    [(True, True), ("true", True), ("True", True), (" TRUE ", True), ("1", True),
+     ("yes", True), (False, False), ("false", False), ("0", False), ("", False),
+     (None, False)],
+)
+def test_session_final_accepts_booleans_and_header_strings(value: Any, final: bool) -> None:
+    req = request({"session_id": "s", "session_final": value})
+    assert classify_request(req, "r").session_final is final
+
+
+def test_request_without_token_ids_has_zero_input_tokens() -> None:
+    assert classify_request({"agent_context": {"session_id": "s"}}, "r").input_tokens == 0
+
+
+def test_classify_request_adds_prefix_hashes_only_when_asked_and_only_for_sessions() -> None:
+    req = request({"session_id": "s"}, tokens=40)
+    assert classify_request(req, "r").prefix_blocks == ()
+    wanted = classify_request(req, "r", block_tokens=16, prefix_blocks=8)
+    assert wanted.prefix_blocks == prefix_block_hashes(req["token_ids"], 16, 8)
+    assert len(wanted.prefix_blocks) == 2 and wanted.prefix_block_tokens == 16
+    anonymous = classify_request(request(None, tokens=40), "r", block_tokens=16,
+                                 prefix_blocks=8)
+    assert anonymous.prefix_blocks == ()
+
+
+def test_prefix_hashes_are_equal_exactly_while_prompts_share_a_prefix() -> None:
+    shared = list(range(32))
+    a = prefix_block_hashes([*shared, *range(100, 116)], 16, 8)
+    b = prefix_block_hashes([*shared, *range(200, 216)], 16, 8)
+    assert len(a) == len(b) == 3
+    assert a[:2] == b[:2] and a[2] != b[2]
+    # Only full blocks count, and at most max_blocks of them.
+    assert prefix_block_hashes(list(range(31)), 16, 8) == a[:1]
+    assert prefix_block_hashes(list(range(64)), 16, 2) == a[:2]
+
+
+# ---- pinning and response shaping ------------------------------------------------------------
+def test_pin_request_names_the_worker_and_rank_without_touching_the_original() -> None:
+    original = request({"session_id": "s"}, routing={"priority": 3})
+    pinned = pin_request(original, WorkerKey(9, 2))
+    assert pinned["routing"] == {"priority": 3, "backend_instance_id": 9, "dp_rank": 2}
+    assert original["routing"] == {"priority": 3}
+    assert pinned["token_ids"] == original["token_ids"]
+
+
+def test_pin_request_works_when_routing_is_missing_or_null() -> None:
+    assert pin_request({"token_ids": []}, WorkerKey(1))["routing"] == {
+        "backend_instance_id": 1, "dp_rank": 0}
+    assert pin_request({"routing": None}, WorkerKey(1, 1))["routing"]["dp_rank"] == 1
+
+
+def test_served_by_reads_the_decode_worker_and_rank() -> None:
+    assert served_by(first_chunk(worker=7, rank=3)) == WorkerKey(7, 3)
+
+
+def test_served_by_falls_back_to_the_prefill_worker_and_rank_zero() -> None:
+    chunk = {"routing_data": {"worker_id": {"prefill_worker_id": "12"}}}
+    assert served_by(chunk) == WorkerKey(12, 0)
+
+
+def test_chunks_without_a_worker_are_served_by_nobody() -> None:
+    assert served_by(middle_chunk()) is None
+    assert served_by(final_chunk()) is None
+    assert served_by({"routing_data": None}) is None
+
+
+def test_serving_worker_goes_into_engine_data_next_to_what_was_there() -> None:
+    chunk = {**first_chunk(), "engine_data": {"engine": {"x": 1}}}
+    out = with_serving_worker(chunk, WorkerKey(7, 1))
+    assert out["engine_data"] == {"engine": {"x": 1},
+                                  "thunderagent": {"worker_id": 7, "dp_rank": 1}}
+    assert "thunderagent" not in chunk["engine_data"]
+
+
+def test_session_final_response_is_one_finished_chunk_with_the_prompt_usage() -> None:
+    out = session_final_response(request({"session_id": "s", "session_final": True}, tokens=4))
+    assert out["token_ids"] == [] and out["finish_reason"] == "stop"
+    assert out["completion_usage"] == {"prompt_tokens": 4, "completion_tokens": 0,
+                                       "total_tokens": 4}
+
+
+# ---- StreamTracker ----------------------------------------------------------------------
+def test_tracker_reports_sent_and_responding_once_then_completed_with_the_context() -> None:
+    tracker = StreamTracker("r1", prompt_tokens=38)
+    assert tracker.observe(first_chunk(worker=7)) == [Sent("r1", WorkerKey(7, 0)),
+                                                      Responding("r1")]
+    assert tracker.observe(middle_chunk()) == []
+    # A later chunk that names a worker again is not a second Sent.
+    assert tracker.observe({**middle_chunk(), "routing_data": first_chunk(8)["routing_data"]}) == []
+    assert tracker.observe(final_chunk(prompt=40, completion=3)) == [Completed("r1", 43)]
+    assert tracker.terminal == Completed("r1", 43)
+    assert tracker.cached_tokens == 32
+
+
+def test_completed_counts_generated_tokens_when_usage_is_missing() -> None:
+    tracker = StreamTracker("r1", prompt_tokens=10)
+    assert tracker.observe({"token_ids": [1, 2], "finish_reason": None}) == [Responding("r1")]
+    assert tracker.observe({"token_ids": [3], "finish_reason": "stop"}) == [Completed("r1", 13)]
+    assert tracker.sent_to is None  # no routing data: the worker stays unknown
+
+
+def test_a_stream_that_names_its_worker_before_any_token_responds_at_the_first_token() -> None:
+    tracker = StreamTracker("r1", prompt_tokens=10)
+    routing_only = {"token_ids": [], "routing_data": first_chunk()["routing_data"]}
+    assert tracker.observe(routing_only) == [Sent("r1", WorkerKey(7, 0))]
+    assert tracker.observe(middle_chunk()) == [Responding("r1")]
+
+
+def test_one_chunk_stream_yields_every_event_in_order() -> None:
+    tracker = StreamTracker("r1", prompt_tokens=40)
+    chunk = {**first_chunk(), "finish_reason": "length"}
+    assert tracker.observe(chunk) == [Sent("r1", WorkerKey(7, 0)), Responding("r1"),
+                                      Completed("r1", 41)]
+
+
+def test_abort_before_completion_is_the_one_terminal_event() -> None:
+    tracker = StreamTracker("r1", prompt_tokens=40)
+    tracker.observe(first_chunk())
+    assert tracker.abort("worker went away") == [Aborted("r1", "worker went away")]
+    assert tracker.abort("again") == []
+    assert tracker.observe(final_chunk()) == []  # nothing after the terminal event
+
+
+def test_abort_after_completion_yields_nothing() -> None:
+    tracker = StreamTracker("r1", prompt_tokens=40)
+    tracker.observe(first_chunk())
+    tracker.observe(final_chunk())
+    assert tracker.abort("stream ended") == []
+    assert tracker.terminal == Completed("r1", 43)
+
+
+# ---- capacity cards ---------------------------------------------------------------------
+def card(blocks: int | None = 256, block_size: int | None = 16, dp_start: int | None = None,
+         dp_size: int | None = None) -> dict[str, Any]:
+    runtime: dict[str, Any] = {}
+    if blocks is not None:
+        runtime["total_kv_blocks"] = blocks
+    if dp_start is not None:
+        runtime["data_parallel_start_rank"] = dp_start
+    if dp_size is not None:
+        runtime["data_parallel_size"] = dp_size
+    out: dict[str, Any] = {"runtime_config": runtime}
+    if block_size is not None:
+        out["kv_cache_block_size"] = block_size
+    return out
+
+
+def test_capacity_cards_parse_json_cards_keyed_by_string_worker_ids() -> None:
+    cards = capacity_cards({"7": json.dumps(card(256, 16)), "8": card(64, 32)})
+    assert cards == {WorkerKey(7, 0): CapacityCard(256, 16), WorkerKey(8, 0): CapacityCard(64, 32)}
+    assert cards[WorkerKey(7, 0)].tokens == 4096
+
+
+def test_capacity_cards_give_each_data_parallel_rank_its_own_pool() -> None:
+    cards = capacity_cards({"7": card(100, 16, dp_start=2, dp_size=3)})
+    assert sorted(cards) == [WorkerKey(7, 2), WorkerKey(7, 3), WorkerKey(7, 4)]
+    assert set(cards.values()) == {CapacityCard(100, 16)}
+
+
+def test_cards_without_kv_blocks_or_block_size_contribute_no_capacity() -> None:
+    cards = capacity_cards({
+        "1": card(blocks=None), "2": card(block_size=None), "3": card(blocks=0),
+        "4": card(block_size=0), "5": {"kv_cache_block_size": 16}, "6": card(),
+    })
+    assert list(cards) == [WorkerKey(6, 0)]
+
+
+# ---- worker loads -------------------------------------------------------------------------
+def test_worker_loads_keep_live_workers_only_sorted_by_worker_and_rank() -> None:
+    rows = [
+        {"worker_id": 9, "dp_rank": 1, "potential_prefill_tokens": 5,
+         "potential_decode_blocks": 2, "active_requests": 1},
+        {"worker_id": 3, "dp_rank": 0, "potential_prefill_tokens": 0,
+         "potential_decode_blocks": 0, "active_requests": 0},
+        {"worker_id": 4, "dp_rank": 0, "potential_prefill_tokens": 100,
+         "potential_decode_blocks": 9, "active_requests": 3},
+        {"worker_id": 9, "potential_prefill_tokens": 1},
+    ]
+    loads = worker_loads(rows, live_worker_ids=[9, 3])
+    assert loads == [
+        WorkerLoad(WorkerKey(3, 0), 0, 0),
+        WorkerLoad(WorkerKey(9, 0), 1, 0),
+        WorkerLoad(WorkerKey(9, 1), 5, 2),
+    ]
+    assert worker_loads(rows, live_worker_ids=[]) == []
