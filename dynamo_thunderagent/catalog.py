@@ -96,7 +96,11 @@ class Registry(Generic[P]):
                     f"{self.role}: entry point {point.name!r} ({point.value}) failed to "
                     f"load: {error}"
                 ) from error
-            self.register(point.name, plugin)
+            try:
+                self.register(point.name, plugin)
+            except PluginError as error:
+                dist = getattr(getattr(point, "dist", None), "name", None) or "unknown package"
+                raise PluginError(f"{error} (entry point {point.value!r} of {dist})") from None
 
 
 @dataclass
