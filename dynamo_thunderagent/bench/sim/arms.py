@@ -1,0 +1,377 @@
+"""Scheduling policies the simulator compares ("arms"), behind one small contract.
+
+An :class:`Arm` sees each turn when its agent sends it and decides when and where it runs by
+calling ``host.dispatch(request_id, worker)``, now or later (an admission gate defers). It
+learns each turn's first token and completion, each session's end, and is ticked every
+``tick_interval`` simulated seconds. Arms never touch time themselves: ``host.now()`` is the
+simulated clock.
+
+* ``ours``: the request classifier built through the plugin catalog from a router-policy
+  file, whose pure :class:`~dynamo_thunderagent.scheduler.Scheduler` is driven exactly as the
+  asyncio shell drives it (submit on arrival, ``sent`` on routing, ``completed`` with the
+  context tokens, ``tick`` every ``scheduler_interval_seconds``), and the policy's worker
+  selector choosing among workers by load.
+* ``no-admission``: request-level KV routing, no gate (stock Dynamo ``--router-mode kv``).
+* ``ttl-pinning``: KV routing plus Continuum-style pinning of a program's cache for a TTL
+  after each turn, no gate.
+* ``upstream``: the upstream ThunderAgent proxy's rules, expressed as our scheduler with the
+  parameter values its rules amount to, plus its one rule that differs (see
+  :class:`UpstreamScheduler`).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from dynamo_thunderagent.bench.sim.engine import Cluster, SimRequest
+from dynamo_thunderagent.capacity import CapacityCard
+from dynamo_thunderagent.catalog import Catalog, default_catalog, load_policy
+from dynamo_thunderagent.config import (
+    EmptyParameters,
+    PolicyError,
+    ThunderAgentParameters,
+    parse_policy,
+)
+from dynamo_thunderagent.program import Lifecycle, Phase, RequestState, WorkerKey
+from dynamo_thunderagent.scheduler import Decisions, Scheduler
+from dynamo_thunderagent.selector import ThunderAgentSelector, WorkerLoad, WorkerSelector
+
+ARM_NAMES = ("ours", "no-admission", "ttl-pinning", "upstream")
+
+# Where the shipped policy lives in a checkout; an installed package falls back to defaults.
+DEFAULT_POLICY = Path(__file__).resolve().parents[3] / "policies" / "thunderagent.yaml"
+
+
+class ArmHost(Protocol):
+    """What the simulation offers an arm."""
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+    def now(self) -> float: ...
+
+    def dispatch(self, request_id: str, worker: int) -> None:
+        """Route an admitted turn to ``worker`` (its engine queue) now."""
+
+    def reject(self, request_id: str, reason: str) -> None:
+        """Fail a turn; its agent ends."""
+
+    def in_flight(self, request_id: str) -> bool:
+        """The turn was dispatched and has not finished."""
+
+
+class Arm(ABC):
+    """A scheduling policy under test. Subclasses override the hooks they need."""
+
+    name: str = ""
+    tick_interval: float | None = None
+
+    def __init__(self) -> None:
+        self._host: ArmHost | None = None
+
+    @property
+    def host(self) -> ArmHost:
+        assert self._host is not None, "bind() the arm to a simulation first"
+        return self._host
+
+    def bind(self, host: ArmHost) -> None:
+        """Attach to a simulation before its first event."""
+        self._host = host
+
+    @abstractmethod
+    def submit(self, request: SimRequest) -> None:
+        """A turn was sent: dispatch it now or later, or reject it."""
+
+    def first_token(self, request: SimRequest) -> None:
+        """The turn's first token was produced."""
+
+    def completed(self, request: SimRequest) -> None:
+        """The turn finished; the program's cache holds ``request.context_tokens``."""
+
+    def session_final(self, session_id: str) -> None:
+        """The agent ended (its session-final request); no turn of it is in flight."""
+
+    def tick(self) -> None:
+        """Periodic pass, every ``tick_interval`` seconds (if not None)."""
+
+    def counters(self) -> dict[str, int]:
+        """Lifetime pause / resume / forced-resume counts (0 for arms without a gate)."""
+        return {"pauses": 0, "resumes": 0, "forced_resumes": 0}
+
+    def problems(self, drained: bool) -> list[str]:
+        """Broken invariants of the arm's own state (empty when healthy).
+
+        ``drained``: every agent has ended, so nothing may be left behind.
+        """
+        return []
+
+
+# ---- request-level KV routing -------------------------------------------------------------
+def kv_route(cluster: Cluster, request: SimRequest, bound: int | None,
+             overlap_weight: float = 1.0, affinity_slack: float = 0.1) -> int:
+    """The worker stock KV routing picks: least ``overlap_weight x prefill + decode`` blocks.
+
+    Prefill blocks: this request's uncached blocks on the worker plus the uncached prompt
+    tokens already routed there; decode blocks: blocks of every unfinished request routed
+    there plus this one's (Dynamo's KV router cost, at temperature 0; ties go to the lowest
+    worker index). Soft session affinity: the worker the session is bound to (its previous
+    turn's) wins unless another is cheaper by more than ``affinity_slack`` (a fraction). Our
+    reading of Dynamo's ``--router-session-affinity-mode soft`` ("a policy-visible
+    preference"); the slack is a modelling choice.
+    """
+    size = cluster.block_size
+    blocks = math.ceil(request.prompt_tokens / size)
+    costs = []
+    for worker in cluster.workers:
+        uncached = blocks - worker.hit_tokens(request) // size
+        prefill = uncached + worker.prefill_tokens() / size
+        costs.append(overlap_weight * prefill + worker.decode_blocks() + blocks)
+    best = min(range(len(costs)), key=lambda i: (costs[i], i))
+    if bound is not None and costs[bound] <= costs[best] * (1.0 + affinity_slack):
+        return bound
+    return best
+
+
+class NoAdmissionArm(Arm):
+    """Stock KV routing with soft session affinity: every turn is routed at once."""
+
+    name = "no-admission"
+
+    def __init__(self, affinity_slack: float = 0.1) -> None:
+        super().__init__()
+        self.affinity_slack = affinity_slack
+        self._bound: dict[str, int] = {}
+
+    def submit(self, request: SimRequest) -> None:
+        worker = kv_route(self.host.cluster, request, self._bound.get(request.session_id),
+                          affinity_slack=self.affinity_slack)
+        self._bound[request.session_id] = worker
+        self.host.dispatch(request.request_id, worker)
+
+    def session_final(self, session_id: str) -> None:
+        self._bound.pop(session_id, None)
+
+
+class TtlPinningArm(NoAdmissionArm):
+    """Continuum-style: KV routing with affinity, and each program's cache pinned for a TTL.
+
+    After a turn completes, the program's cached chain on that worker is not evictable for
+    ``ttl_s`` seconds (Continuum sets the TTL from the tool-call time it expects); the next
+    turn, if it comes in time, finds it; the session's end releases the pin. No admission
+    gate: pinned memory can only delay other requests in the engine queue until pins expire.
+    Not modelled: Continuum's FCFS-by-program ordering of the engine queue.
+    """
+
+    name = "ttl-pinning"
+
+    def __init__(self, ttl_s: float, affinity_slack: float = 0.1) -> None:
+        super().__init__(affinity_slack)
+        self.ttl_s = ttl_s
+
+    def completed(self, request: SimRequest) -> None:
+        assert request.worker is not None
+        self.host.cluster[request.worker].pin(request.session_id, self.ttl_s)
+
+    def session_final(self, session_id: str) -> None:
+        worker = self._bound.pop(session_id, None)
+        if worker is not None:
+            self.host.cluster[worker].unpin(session_id)
+
+
+# ---- program-aware arms: our scheduler core -------------------------------------------------
+class ProgramArm(Arm):
+    """Drives a pure :class:`Scheduler` the way the classifier shell does.
+
+    Release decisions are routed through ``selector`` (the classifier's preferred
+    worker/rank when eligible, else least loaded), then reported back with ``sent``.
+    Worker ``i`` of the simulation is ``WorkerKey(i, 0)``.
+    """
+
+    def __init__(self, name: str, scheduler: Scheduler, selector: WorkerSelector) -> None:
+        super().__init__()
+        self.name = name
+        self.scheduler = scheduler
+        self.selector = selector
+        self.tick_interval = scheduler.params.scheduler_interval_seconds
+
+    def bind(self, host: ArmHost) -> None:
+        super().bind(host)
+        cluster = host.cluster
+        cards = {WorkerKey(w.index, 0): CapacityCard(w.config.total_blocks, w.config.block_size)
+                 for w in cluster.workers}
+        self.scheduler.set_workers(frozenset(w.index for w in cluster.workers), cards)
+
+    def submit(self, request: SimRequest) -> None:
+        self._apply(self.scheduler.submit(request.request_id, request.session_id,
+                                          request.prompt_tokens, self.host.now()))
+
+    def first_token(self, request: SimRequest) -> None:
+        self._apply(self.scheduler.responding(request.request_id, self.host.now()))
+
+    def completed(self, request: SimRequest) -> None:
+        self._apply(self.scheduler.completed(request.request_id, request.context_tokens,
+                                             self.host.now()))
+
+    def session_final(self, session_id: str) -> None:
+        self._apply(self.scheduler.submit(f"{session_id}/final", session_id, 0,
+                                          self.host.now(), session_final=True))
+
+    def tick(self) -> None:
+        self._apply(self.scheduler.tick(self.host.now()))
+
+    def counters(self) -> dict[str, int]:
+        c = self.scheduler.counters
+        return {"pauses": c["pauses"], "resumes": c["resumes"],
+                "forced_resumes": c["forced_resumes"]}
+
+    def _apply(self, decisions: Decisions) -> None:
+        host = self.host
+        for reject in decisions.rejected:
+            if not reject.request_id.endswith("/final"):
+                host.reject(reject.request_id, reject.reason)
+        for release in decisions.released:
+            if release.session_final:
+                continue  # answered without a worker
+            cluster = host.cluster
+            candidates = [WorkerLoad(WorkerKey(w.index, 0), w.prefill_tokens(),
+                                     w.decode_blocks()) for w in cluster.workers]
+            key = self.selector.select(candidates, release.worker, cluster.block_size)
+            self._apply(self.scheduler.sent(release.request_id, key, host.now()))
+            host.dispatch(release.request_id, key.worker_id)
+
+    def problems(self, drained: bool) -> list[str]:
+        table = self.scheduler.table
+        found = []
+        for program in table.programs.values():
+            if program.phase is Phase.REASONING and program.current is None:
+                found.append(f"program {program.session_id} is REASONING with no turn")
+            if program.current is None:
+                continue
+            request = table.requests[program.current]
+            if request.state is RequestState.DEFERRED and program.lifecycle is not Lifecycle.PAUSED:
+                found.append(f"turn {request.request_id} is deferred but its program is "
+                             "ACTIVE (nothing will release it)")
+            if (request.state is RequestState.RELEASED
+                    and not self.host.in_flight(request.request_id)):
+                found.append(f"turn {request.request_id} is released but not in flight")
+        if drained and table.programs:
+            found.append(f"{len(table.programs)} programs retained after every session-final: "
+                         f"{sorted(table.programs)[:5]}")
+        if drained and table.requests:
+            found.append(f"{len(table.requests)} requests still tracked after the drain")
+        return found
+
+
+class UpstreamScheduler(Scheduler):
+    """Our scheduler with the upstream ThunderAgent proxy's pressure rule.
+
+    Upstream pauses the smallest ACTING programs of an over-capacity backend while its
+    usage estimate exceeds capacity; when none is left it marks REASONING programs, but
+    marking does not lower that estimate, so it marks *every* unmarked REASONING program on
+    the backend. Ours discounts marked programs and stops marking at the target. Everything
+    else upstream does is our parity rules with the values in :data:`UPSTREAM_PARAMETERS`.
+    """
+
+    def _relieve_pressure(self, now: float, d: Decisions) -> None:
+        for worker, capacity in self.capacity.known.items():
+            usage = self.table.usage(worker)
+            if usage <= capacity * self.params.pause_threshold:
+                continue
+            members = self.table.members(worker)
+            acting = sorted((p for p in members if p.phase is Phase.ACTING),
+                            key=lambda p: (p.tokens, p.seq))
+            for program in acting:
+                if usage <= capacity * self.params.pause_threshold:
+                    break
+                usage -= self.usage_model.charge(program)
+                self._pause(program, now, d)
+            if usage <= capacity * self.params.pause_threshold:
+                continue
+            for program in members:
+                if program.phase is Phase.REASONING and not program.marked_for_pause:
+                    program.marked_for_pause = True
+                    d.marked.append(program.session_id)
+
+
+# Upstream (ThunderAgent-org/ThunderAgent, ThunderAgent/scheduler/router.py and
+# backend/state.py) in our parameter names: it pauses when usage exceeds the whole capacity
+# and drains back to it (threshold = target = 1.0), resumes into any room up to capacity (no
+# hysteresis), weights ACTING tokens fully with no time decay (its default), reserves 100
+# tokens per program, ticks every 5 s, force-resumes a wait after 1,800 s and never expires
+# an idle program. Not modelled: its shared-token credit measured from vLLM metrics, and its
+# token estimate from request characters (the simulator reports exact token counts).
+UPSTREAM_PARAMETERS = ThunderAgentParameters(
+    pause_threshold=1.0,
+    pause_target=1.0,
+    resume_hysteresis=0.0,
+    resume_timeout_seconds=1800.0,
+    session_retention_seconds=1e9,
+    scheduler_interval_seconds=5.0,
+    acting_token_weight=1.0,
+    acting_decay_tau_seconds=1e12,  # 2^(-idle/tau) == 1 for any simulated idle time
+    buffer_per_program=100,
+)
+
+
+def build_ours(policy: str | Path | None, clock: Callable[[], float],
+               catalog: Catalog | None = None) -> ProgramArm:
+    """The ``ours`` arm from a router-policy file (None: the shipped default policy).
+
+    The classifier is built through the catalog exactly as ``serve`` builds it; it must
+    expose the pure scheduler as ``.scheduler`` (the simulator drives the core, not the
+    asyncio gate). Raises PolicyError for an unusable file or classifier type.
+    """
+    catalog = catalog or default_catalog()
+    if policy is None and DEFAULT_POLICY.exists():
+        policy = DEFAULT_POLICY
+    if policy is None:
+        source = "<built-in defaults>"
+        resolved = catalog.resolve(parse_policy({"request_classifier": {"type": "thunderagent"}},
+                                                source), source)
+    else:
+        resolved = load_policy(policy, catalog)
+    if resolved.classifier is None:
+        raise PolicyError(f"{resolved.source}: the simulator needs a request_classifier")
+    classifier = catalog.build_classifier(resolved.classifier, clock=clock)
+    scheduler = getattr(classifier, "scheduler", None)
+    if not isinstance(scheduler, Scheduler):
+        raise PolicyError(f"{resolved.source}: request_classifier type "
+                          f"{resolved.classifier.type!r} exposes no pure scheduler "
+                          "(.scheduler); the simulator cannot drive it")
+    stage = resolved.stages.get("aggregated")
+    selector = (catalog.build_selector(stage) if stage is not None
+                else ThunderAgentSelector(EmptyParameters()))
+    return ProgramArm("ours", scheduler, selector)
+
+
+def build_upstream() -> ProgramArm:
+    """The ``upstream`` arm (see :class:`UpstreamScheduler` and UPSTREAM_PARAMETERS)."""
+    return ProgramArm("upstream", UpstreamScheduler(UPSTREAM_PARAMETERS),
+                      ThunderAgentSelector(EmptyParameters()))
+
+
+def build_arm(name: str, *, policy: str | Path | None, ttl_s: float,
+              clock: Callable[[], float]) -> Arm:
+    """A fresh arm by name (one of :data:`ARM_NAMES`); each run needs its own."""
+    if name == "ours":
+        return build_ours(policy, clock)
+    if name == "no-admission":
+        return NoAdmissionArm()
+    if name == "ttl-pinning":
+        return TtlPinningArm(ttl_s)
+    if name == "upstream":
+        return build_upstream()
+    raise ValueError(f"unknown arm {name!r}; choose from {', '.join(ARM_NAMES)}")
+
+
+def parse_arms(text: str) -> Sequence[str]:
+    """``"ours,no-admission"`` -> names, validated, order kept, duplicates dropped."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ARM_NAMES]
+    if unknown or not names:
+        raise ValueError(f"unknown arm(s) {unknown or text!r}; choose from {', '.join(ARM_NAMES)}")
+    return list(dict.fromkeys(names))

@@ -1,0 +1,458 @@
+"""Simulated workers: continuous batching over a paged KV pool, on a fake clock.
+
+The model of one worker (one engine, one KV pool)
+-------------------------------------------------
+* A request routed to the worker joins its FIFO waiting queue.
+* Each engine *pass* schedules, like vLLM v1 with chunked prefill: one token for every
+  running request that is decoding, then prompt chunks of running requests still in prefill,
+  then requests admitted from the head of the waiting queue while fewer than
+  ``max_num_seqs`` run and the pass has token budget left (``max_num_batched_tokens``).
+* Admission holds the request's whole context in the KV pool up front: the prompt *and* its
+  output blocks (the simulator knows the output length). So a running request never runs out
+  of blocks and nothing is preempted; a head request whose blocks do not fit into free plus
+  evictable memory waits, and blocks the queue behind it (FCFS, as vLLM does). The cost of
+  this choice: memory for outputs is reserved a little early (outputs are ~1% of an agent
+  context), and vLLM's recompute-preemption under decode growth is not modelled.
+* The cached part of a prompt is what the pool holds *when the request is admitted*, not when
+  it was routed: a request that waits in the queue can lose its own cache meanwhile.
+* A pass lasts ``TimingModel.pass_seconds(prefill tokens, decoding requests, their KV
+  tokens)``. A request whose last prompt chunk is computed emits its first token at the end of
+  that pass; a decoding request emits one token per pass.
+
+Speed: a run of pure decode passes is simulated as one *jump*: while no request is in prefill
+and the waiting queue cannot change the batch, every pass is the same, so the worker advances
+to the pass where the first request finishes. Anything that may change the batch (a request
+arriving, a pinned chain expiring) cuts the jump at the end of the pass in progress. The KV
+term of a decode pass is taken at the start of the jump (it grows by one token per request
+per pass; over a jump of ~100 passes that is < 1% of an agent context).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dynamo_thunderagent.bench.sim.kv import SYSTEM_CHAIN, KvPool
+
+
+@dataclass(frozen=True)
+class TimingModel:
+    """Seconds of one engine pass.
+
+    ``pass = prefill + decode`` where prefill is ``prefill_pass_s + prefill_per_token_s x
+    uncached prompt tokens`` (0 when the pass computes none) and decode is ``decode_base_s +
+    decode_per_seq_s x n + decode_per_expert_s x E(n) + decode_per_kv_token_s x kv`` for
+    ``n`` decoding requests holding ``kv`` tokens (0 when none decodes). ``E(n)`` is the
+    expected number of distinct MoE experts a batch of ``n`` reads (``n_experts x (1 - (1 -
+    active_experts / n_experts) ** n)``; 0 when ``n_experts`` is 0): weight reads are what
+    make a decode step of a large MoE slower as the batch grows.
+    """
+
+    name: str
+    prefill_pass_s: float
+    prefill_per_token_s: float
+    decode_base_s: float
+    decode_per_seq_s: float = 0.0
+    decode_per_expert_s: float = 0.0
+    n_experts: int = 0
+    active_experts: int = 0
+    decode_per_kv_token_s: float = 0.0
+    source: str = ""
+
+    def pass_seconds(self, prefill_tokens: int, decode_seqs: int, decode_kv_tokens: int) -> float:
+        seconds = 0.0
+        if prefill_tokens > 0:
+            seconds += self.prefill_pass_s + self.prefill_per_token_s * prefill_tokens
+        if decode_seqs > 0:
+            seconds += (self.decode_base_s + self.decode_per_seq_s * decode_seqs
+                        + self.decode_per_kv_token_s * decode_kv_tokens)
+            if self.n_experts:
+                miss = 1.0 - self.active_experts / self.n_experts
+                seconds += self.decode_per_expert_s * self.n_experts * (1.0 - miss**decode_seqs)
+        return seconds
+
+    def describe(self) -> str:
+        """One line for reports: what a re-prefill costs next to a decode step."""
+        return (f"{self.name}: prefill {self.prefill_pass_s * 1e3:g} ms/pass + "
+                f"{self.prefill_per_token_s * 1e6:g} us/token; decode step "
+                f"{self.pass_seconds(0, 1, 0) * 1e3:.1f} ms at batch 1, "
+                f"{self.pass_seconds(0, 32, 0) * 1e3:.1f} ms at batch 32 (plus "
+                f"{self.decode_per_kv_token_s * 1e9:g} ns per KV token); "
+                f"re-prefill of 30k tokens {self.pass_seconds(30_000, 0, 0):.2f} s"
+                + (f" [{self.source}]" if self.source else ""))
+
+
+def cheap_recompute_timing(pool_tokens: int = 1408 * 16) -> TimingModel:
+    """The Dynamo mocker's default regime, as measured here (workload.md).
+
+    Uncached prefill about 18 ms + 20 us per token; a decode step 6 ms, growing to about
+    12 ms as the worker's KV pool fills (``pool_tokens``: the pool size those figures were
+    measured at, 2 x 1,408 x 16-token mocker workers).
+    """
+    return TimingModel(
+        name="cheap-recompute",
+        prefill_pass_s=0.018,
+        prefill_per_token_s=20e-6,
+        decode_base_s=0.006,
+        decode_per_kv_token_s=0.006 / pool_tokens,
+        source="mocker default timing, measured on 2 x 1,408 x 16 blocks",
+    )
+
+
+def calibrated_timing() -> TimingModel:
+    """GPU-like costs: a re-prefill of an agent context costs many decode steps.
+
+    Coefficients come from ``dynamo_thunderagent.bench.calibration`` (a fit of the shipped
+    SWE-agent trace, GLM-4.5-FP8 on vLLM) when that module is importable; otherwise from
+    the same fit's published values, written here.
+    """
+    try:
+        from dynamo_thunderagent.bench.calibration import DEFAULT_TIMING as gpu
+    except ImportError:  # keep the simulator usable on its own
+        return TimingModel(
+            name="calibrated", prefill_pass_s=0.0, prefill_per_token_s=45.6e-6,
+            decode_base_s=0.0147, decode_per_expert_s=0.000505, n_experts=160,
+            active_experts=8, source="GLM-4.5-FP8 trace fit (built-in copy)",
+        )
+    return TimingModel(
+        name="calibrated",
+        prefill_pass_s=gpu.prefill_pass_ms / 1e3,
+        prefill_per_token_s=gpu.prefill_us_per_token / 1e6,
+        decode_base_s=gpu.decode_base_ms / 1e3,
+        decode_per_expert_s=gpu.decode_ms_per_expert / 1e3,
+        n_experts=gpu.n_experts,
+        active_experts=gpu.active_experts,
+        decode_per_kv_token_s=gpu.decode_ms_per_1k_kv / 1e6,
+        source="bench.calibration.DEFAULT_TIMING (GLM-4.5-FP8 trace fit)",
+    )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One worker's engine: KV pool geometry, batching limits, timing.
+
+    ``reuse_output``: the client sends the model's reply back verbatim in the next prompt,
+    so a turn's generated tokens stay reusable cache (real agents); False models a client
+    that substitutes other text of the same length (their KV is then never hit).
+    """
+
+    total_blocks: int
+    block_size: int
+    timing: TimingModel
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    reuse_output: bool = True
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.total_blocks * self.block_size
+
+
+@dataclass(slots=True)
+class SimRequest:
+    """One LLM turn of one program, from the agent sending it to its last token.
+
+    Times are simulated seconds; None until the event happened.
+    """
+
+    request_id: str
+    session_id: str
+    turn: int
+    prompt_tokens: int
+    output_tokens: int
+    system_tokens: int
+    sent_at: float
+    # Prompt tokens the previous turn of the program left reusable, whole blocks (0 on turn 0).
+    reusable_tokens: int = 0
+    released_at: float | None = None  # admitted by the arm's gate (= routed)
+    worker: int | None = None
+    scheduled_at: float | None = None  # admitted into the engine's running batch
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    cached_tokens: int = 0
+    prefill_left: int = 0
+    generated: int = 0
+    chain_blocks: int = 0
+
+    @property
+    def context_tokens(self) -> int:
+        """Prompt plus generated tokens: what the program's cache holds after this turn."""
+        return self.prompt_tokens + self.output_tokens
+
+
+class EventLoop:
+    """A heap of timed callbacks; ties run in scheduling order (so runs are deterministic)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = 0
+
+    def at(self, when: float, callback: Callable[[], None]) -> None:
+        """Run ``callback`` at simulated time ``when`` (never before ``now``)."""
+        self._seq += 1
+        heapq.heappush(self._heap, (max(when, self.now), self._seq, callback))
+
+    def run(self, until: float, done: Callable[[], bool] = lambda: False) -> None:
+        """Run events up to time ``until`` (inclusive) or until ``done()``."""
+        heap = self._heap
+        while heap and heap[0][0] <= until and not done():
+            when, _, callback = heapq.heappop(heap)
+            self.now = when
+            callback()
+        if not done() and (not heap or heap[0][0] > until):
+            self.now = max(self.now, until)
+
+    @property
+    def pending(self) -> int:
+        return len(self._heap)
+
+
+@dataclass
+class _Jump:
+    start: float
+    pass_s: float
+    passes: int
+    token: int
+
+
+@dataclass
+class WorkerStats:
+    passes: int = 0
+    busy_s: float = 0.0
+    prefill_tokens: int = 0
+
+
+class Worker:
+    """One engine: a waiting queue, a running batch and a KV pool (module docstring).
+
+    ``on_first_token(request)`` and ``on_finish(request)`` are called at the end of the pass
+    that produced the token; a finished request's blocks are already released then.
+    """
+
+    def __init__(self, index: int, config: EngineConfig, loop: EventLoop,
+                 on_first_token: Callable[[SimRequest], None],
+                 on_finish: Callable[[SimRequest], None]) -> None:
+        self.index = index
+        self.config = config
+        self.kv = KvPool(config.total_blocks, config.block_size)
+        self.loop = loop
+        self.queue: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.stats = WorkerStats()
+        self._on_first_token = on_first_token
+        self._on_finish = on_finish
+        self._in_pass = False
+        self._token = 0  # invalidates a scheduled pass end when a jump is cut short
+        self._jump: _Jump | None = None
+        self._pins: dict[str, int] = {}  # chain -> serial of its pending unpin event
+        self._pin_serial = 0
+
+    # ---- what routers see ------------------------------------------------------------
+    def system_blocks(self, request: SimRequest) -> int:
+        return request.system_tokens // self.config.block_size
+
+    def hit_tokens(self, request: SimRequest) -> int:
+        """Prompt tokens of ``request`` the pool would serve from cache right now."""
+        system, chain = self.kv.hit(self.system_blocks(request), request.session_id)
+        return min((system + chain) * self.config.block_size, request.prompt_tokens - 1)
+
+    def prefill_tokens(self) -> int:
+        """Uncached prompt tokens routed here and not yet computed (the KV router's view)."""
+        queued = sum(r.prompt_tokens - self.hit_tokens(r) for r in self.queue)
+        return queued + sum(r.prefill_left for r in self.running)
+
+    def decode_blocks(self) -> int:
+        """Blocks of every request routed here and not finished (running or queued)."""
+        size = self.config.block_size
+        return (self.kv.active_blocks
+                + sum(math.ceil(r.prompt_tokens / size) for r in self.queue))
+
+    # ---- requests ----------------------------------------------------------------------
+    def fits_ever(self, request: SimRequest) -> bool:
+        """False if the request's context exceeds this worker's whole pool."""
+        size = self.config.block_size
+        return math.ceil(request.context_tokens / size) <= self.config.total_blocks
+
+    def submit(self, request: SimRequest) -> None:
+        request.worker = self.index
+        self.queue.append(request)
+        self.kick()
+
+    def pin(self, chain: str, seconds: float) -> None:
+        """Protect ``chain``'s idle cache for ``seconds`` (the TTL-pinning arm)."""
+        if not (seconds > 0 and self.kv.pin(chain)):
+            return
+        self._pin_serial += 1
+        serial = self._pins[chain] = self._pin_serial
+        self.loop.at(self.loop.now + seconds, lambda: self._expire_pin(chain, serial))
+
+    def unpin(self, chain: str) -> None:
+        self._pins.pop(chain, None)
+        if self.kv.unpin(chain):
+            self.kick()  # freed memory may admit the queue head
+
+    def _expire_pin(self, chain: str, serial: int) -> None:
+        if self._pins.get(chain) == serial:
+            self.unpin(chain)
+
+    def kick(self) -> None:
+        """Something that may change the batch happened: start a pass or cut a jump."""
+        if not self._in_pass:
+            self._start_pass()
+            return
+        jump = self._jump
+        if jump is None:
+            return  # a single pass: the change is seen when it ends
+        now = self.loop.now
+        done = int((now - jump.start) / jump.pass_s)
+        if jump.start + (done + 1) * jump.pass_s <= now:
+            done += 1  # float rounding at a pass boundary
+        passes = done + 1
+        if passes >= jump.passes:
+            return
+        self._token += 1
+        jump.passes, jump.token = passes, self._token
+        token = self._token
+        self.loop.at(jump.start + passes * jump.pass_s, lambda: self._end_jump(token))
+
+    # ---- passes ------------------------------------------------------------------------
+    def _admit(self, request: SimRequest) -> bool:
+        config = self.config
+        size = config.block_size
+        system_blocks = self.system_blocks(request)
+        chain_blocks = max(0, math.ceil(request.context_tokens / size) - system_blocks)
+        plan = self.kv.plan(system_blocks, request.session_id, chain_blocks)
+        if not plan.fits:
+            return False
+        self.kv.acquire(system_blocks, request.session_id, chain_blocks)
+        self._pins.pop(request.session_id, None)  # an acquired chain is no longer pinned
+        request.chain_blocks = chain_blocks
+        request.cached_tokens = min(plan.hit_blocks * size, request.prompt_tokens - 1)
+        request.prefill_left = request.prompt_tokens - request.cached_tokens
+        request.scheduled_at = self.loop.now
+        return True
+
+    def _start_pass(self) -> None:
+        config = self.config
+        budget = config.max_num_batched_tokens
+        decoding = [r for r in self.running if r.prefill_left == 0]
+        budget -= len(decoding)
+        chunks: list[tuple[SimRequest, int]] = []
+        for request in self.running:
+            if request.prefill_left > 0 and budget > 0:
+                take = min(request.prefill_left, budget)
+                chunks.append((request, take))
+                budget -= take
+        while (self.queue and budget > 0 and len(self.running) < config.max_num_seqs
+               and self._admit(self.queue[0])):
+            request = self.queue.popleft()
+            self.running.append(request)
+            take = min(request.prefill_left, budget)
+            chunks.append((request, take))
+            budget -= take
+        if not chunks and not decoding:
+            self._in_pass = False
+            return
+        self._in_pass = True
+        kv_tokens = sum(r.prompt_tokens + r.generated for r in decoding)
+        prefill = sum(take for _, take in chunks)
+        pass_s = config.timing.pass_seconds(prefill, len(decoding), kv_tokens)
+        self.stats.prefill_tokens += prefill
+        self._token += 1
+        token = self._token
+        now = self.loop.now
+        passes = min(r.output_tokens - r.generated for r in decoding) if decoding else 1
+        if not chunks and passes > 1 and pass_s > 0:
+            # Pure decode and the queue cannot join (empty, or its head does not fit):
+            # identical passes until the first request finishes (cut by kick()).
+            self._jump = _Jump(now, pass_s, passes, token)
+            self.loop.at(now + passes * pass_s, lambda: self._end_jump(token))
+            return
+        self._jump = None
+        self.loop.at(now + pass_s, lambda: self._end_pass(token, chunks, decoding, pass_s))
+
+    def _end_jump(self, token: int) -> None:
+        jump = self._jump
+        if jump is None or jump.token != token:
+            return  # superseded by a cut
+        self._jump = None
+        decoding = [r for r in self.running if r.prefill_left == 0]
+        for request in decoding:
+            request.generated += jump.passes - 1  # the last pass is applied by _end_pass
+        self.stats.passes += jump.passes - 1
+        self.stats.busy_s += (jump.passes - 1) * jump.pass_s
+        self._end_pass(None, [], decoding, jump.pass_s)
+
+    def _end_pass(self, token: int | None, chunks: list[tuple[SimRequest, int]],
+                  decoding: list[SimRequest], pass_s: float) -> None:
+        if token is not None and token != self._token:
+            return
+        now = self.loop.now
+        self.stats.passes += 1
+        self.stats.busy_s += pass_s
+        first: list[SimRequest] = []
+        for request, take in chunks:
+            request.prefill_left -= take
+            if request.prefill_left == 0:
+                request.generated += 1
+                request.first_token_at = now
+                first.append(request)
+        for request in decoding:
+            request.generated += 1
+        finished = [r for r in self.running if r.generated >= r.output_tokens]
+        if finished:
+            self.running = [r for r in self.running if r.generated < r.output_tokens]
+            for request in finished:
+                self._release(request)
+        self._in_pass = False
+        for request in first:
+            self._on_first_token(request)
+        for request in finished:
+            request.finished_at = now
+            self._on_finish(request)
+        if not self._in_pass:
+            self._start_pass()
+
+    def _release(self, request: SimRequest) -> None:
+        size = self.config.block_size
+        cached = request.context_tokens if self.config.reuse_output else request.prompt_tokens
+        keep = max(0, cached // size - self.system_blocks(request))
+        self.kv.release(self.system_blocks(request), request.session_id, keep)
+
+
+@dataclass
+class Cluster:
+    """The workers of one run, with the views routers and selectors read."""
+
+    workers: list[Worker] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def __getitem__(self, index: int) -> Worker:
+        return self.workers[index]
+
+    @property
+    def block_size(self) -> int:
+        return self.workers[0].config.block_size
+
+    def check(self) -> None:
+        for worker in self.workers:
+            worker.kv.check()
+
+
+__all__ = [
+    "SYSTEM_CHAIN",
+    "Cluster",
+    "EngineConfig",
+    "EventLoop",
+    "SimRequest",
+    "TimingModel",
+    "Worker",
+    "calibrated_timing",
+    "cheap_recompute_timing",
+]

@@ -1,0 +1,388 @@
+"""``dynamo-thunderagent bench sim``: sweep arms x agent counts on the simulator, print a table.
+
+A *scenario* fixes everything but the arm and N: workers, KV pool, batching limits, timing
+regime, workload, window. Two presets, one per timing regime:
+
+* ``cheap-recompute``: the live harness's mocker setup (workload.md, "Measured here"): 2
+  workers x 1,408 blocks x 16 tokens, agents of 10-20 turns (500-token shared system prompt,
+  100-300 tool tokens and 32-64 generated tokens a turn, tool time lognormal with a 0.5 s
+  median) and the mocker's default timing. Re-prefilling an evicted context is cheap here.
+* ``calibrated``: GPU-sized agents on GPU-like costs: the default synthetic SWE-agent
+  workload (``WorkloadSpec()``: 20-60 turns, contexts growing to ~30k tokens, 100-300
+  generated tokens a turn, the heavy-tailed tool mix), 2 workers x 16,384 blocks x 16 tokens
+  (262k tokens each), timing fitted to the shipped GLM-4.5 trace (``bench.calibration``), and
+  the trace's per-call client overhead. Re-prefilling a context costs many decode steps.
+
+Every flag overrides one field of the chosen preset. Without ``--agents`` N is swept from
+the capacity: N agents whose mean *peak* context adds up to 0.5x, 1x, 1.5x, 2x and 3x the
+cluster's KV capacity (workload.md's sweep).
+
+The same seed gives the same agents to every arm and the same output, byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from dynamo_thunderagent.bench.sim.arms import ARM_NAMES, DEFAULT_POLICY, build_arm, parse_arms
+from dynamo_thunderagent.bench.sim.engine import (
+    EngineConfig,
+    TimingModel,
+    calibrated_timing,
+    cheap_recompute_timing,
+)
+from dynamo_thunderagent.bench.sim.simulation import RunConfig, RunResult, Simulation
+from dynamo_thunderagent.bench.workload import (
+    AgentPlan,
+    ToolTimeComponent,
+    WorkloadSpec,
+    agent_stream,
+    load_trace,
+    replay_stream,
+)
+
+SWEEP_FACTORS = (0.5, 1.0, 1.5, 2.0, 3.0)
+SAMPLE_AGENTS = 64  # plans sampled to size the sweep and the TTL
+TRACE_SYSTEM_TOKENS = 1000  # shared system prompt assumed when replaying a trace
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything of a sweep but the arm and N (see the module docstring)."""
+
+    regime: str
+    timing: TimingModel
+    workers: int
+    blocks: int
+    block_size: int
+    workload: WorkloadSpec
+    warmup_s: float
+    window_s: float
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    client_overhead_s: float = 0.0
+    trace: str | None = None
+    reuse_output: bool = True
+
+    def engine(self) -> EngineConfig:
+        return EngineConfig(self.blocks, self.block_size, self.timing, self.max_num_seqs,
+                            self.max_num_batched_tokens, self.reuse_output)
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.workers * self.blocks * self.block_size
+
+    def plans(self, seed: int) -> Iterator[AgentPlan]:
+        """The agent stream of this scenario: synthetic, or the trace replayed shuffled."""
+        if self.trace is None:
+            return agent_stream(self.workload, seed)
+        spec = self.workload
+        plans = load_trace(self.trace, spec.token_scale, spec.time_scale,
+                           system_prompt_tokens=TRACE_SYSTEM_TOKENS)
+        return replay_stream(plans, seed)
+
+    def describe(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["timing"] = self.timing.describe()
+        data["capacity_tokens"] = self.capacity_tokens
+        return data
+
+
+def cheap_recompute_scenario() -> Scenario:
+    mocker_tools = (ToolTimeComponent(weight=1.0, kind="lognormal", scale=0.5, shape=0.8,
+                                      cap_seconds=60.0),)
+    return Scenario(
+        regime="cheap-recompute",
+        timing=cheap_recompute_timing(1408 * 16),
+        workers=2,
+        blocks=1408,
+        block_size=16,
+        workload=WorkloadSpec(turns=(10, 20), system_prompt_tokens=500,
+                              first_turn_tokens=(200, 800), tool_output_tokens=(100, 300),
+                              output_tokens=(32, 64), tool_time=mocker_tools),
+        warmup_s=60.0,
+        window_s=300.0,
+    )
+
+
+def calibrated_scenario() -> Scenario:
+    overhead = 0.0
+    try:
+        from dynamo_thunderagent.bench.calibration import DEFAULT_TIMING
+
+        overhead = DEFAULT_TIMING.request_overhead_s
+    except ImportError:
+        overhead = 0.72
+    return Scenario(
+        regime="calibrated",
+        timing=calibrated_timing(),
+        workers=2,
+        blocks=16384,
+        block_size=16,
+        workload=WorkloadSpec(),
+        warmup_s=600.0,
+        window_s=1800.0,
+        client_overhead_s=overhead,
+    )
+
+
+SCENARIOS = {"cheap-recompute": cheap_recompute_scenario, "calibrated": calibrated_scenario}
+
+
+def sample_plans(scenario: Scenario, seed: int) -> list[AgentPlan]:
+    return list(islice(scenario.plans(seed), SAMPLE_AGENTS))
+
+
+def sweep_agents(scenario: Scenario, seed: int,
+                 factors: Sequence[float] = SWEEP_FACTORS) -> list[int]:
+    """N values whose total mean peak context is ``factors`` x the cluster's capacity."""
+    plans = sample_plans(scenario, seed)
+    peak = sum(p.peak_context_tokens for p in plans) / len(plans)
+    knee = scenario.capacity_tokens / peak
+    return sorted({max(1, round(f * knee)) for f in factors})
+
+
+def tool_time_p90(scenario: Scenario, seed: int) -> float:
+    """The 90th percentile of tool time between turns (the TTL-pinning arm's default TTL)."""
+    times = sorted(t.tool_seconds for p in sample_plans(scenario, seed) for t in p.turns[:-1])
+    return times[int(0.9 * (len(times) - 1))] if times else 1.0
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A sweep: a scenario, the arms, the agent counts and the arms' settings."""
+
+    scenario: Scenario
+    arms: tuple[str, ...]
+    agents: tuple[int, ...]
+    seed: int = 0
+    policy: str | None = None
+    ttl_s: float = 1.0
+    jobs: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run_one(scenario: Scenario, arm_name: str, agents: int, seed: int,
+            policy: str | None, ttl_s: float) -> RunResult:
+    """One deterministic run of ``arm_name`` with ``agents`` agents."""
+    config = RunConfig(agents=agents, workers=scenario.workers, engine=scenario.engine(),
+                       warmup_s=scenario.warmup_s, window_s=scenario.window_s,
+                       client_overhead_s=scenario.client_overhead_s)
+    sim: Simulation | None = None
+
+    def clock() -> float:
+        return sim.now() if sim is not None else 0.0
+
+    arm = build_arm(arm_name, policy=policy, ttl_s=ttl_s, clock=clock)
+    sim = Simulation(config, arm, scenario.plans(seed))
+    return sim.run()
+
+
+def _run_star(args: tuple[Scenario, str, int, int, str | None, float]) -> RunResult:
+    return run_one(*args)
+
+
+def run_sweep(spec: SweepSpec) -> list[RunResult]:
+    """Every (N, arm) pair, N-major; parallel over ``jobs`` processes, same results."""
+    tasks = [(spec.scenario, arm, n, spec.seed, spec.policy, spec.ttl_s)
+             for n in spec.agents for arm in spec.arms]
+    if spec.jobs <= 1 or len(tasks) == 1:
+        return [_run_star(t) for t in tasks]
+    with ProcessPoolExecutor(max_workers=spec.jobs) as pool:
+        return list(pool.map(_run_star, tasks))
+
+
+# ---- output ---------------------------------------------------------------------------------
+def _f(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(spec: SweepSpec, results: Sequence[RunResult]) -> str:
+    """The sweep as markdown: setup, steps/min by N, then every figure per (N, arm)."""
+    s = spec.scenario
+    baseline = {r.agents: r.steps_per_min for r in results if r.arm == "no-admission"}
+    lines = [
+        f"### bench sim: {s.regime} regime, seed {spec.seed}",
+        "",
+        f"- workers: {s.workers} x {s.blocks} blocks x {s.block_size} tokens "
+        f"({s.capacity_tokens:,} tokens); max_num_seqs {s.max_num_seqs}, "
+        f"max_num_batched_tokens {s.max_num_batched_tokens}",
+        f"- timing: {s.timing.describe()}",
+        "- workload: " + (f"trace {s.trace}" if s.trace else _describe_workload(s.workload))
+        + f"; client overhead {s.client_overhead_s:g} s per turn",
+        f"- window: {s.window_s:g} s after {s.warmup_s:g} s warm-up (simulated); "
+        f"ours: {spec.policy or DEFAULT_POLICY.name}; ttl-pinning TTL {spec.ttl_s:.2f} s",
+        "",
+        "steps/min (x no-admission):",
+        "",
+        "| N | " + " | ".join(spec.arms) + " |",
+        "|---|" + "---|" * len(spec.arms),
+    ]
+    by_key = {(r.agents, r.arm): r for r in results}
+    for n in spec.agents:
+        cells = []
+        for arm in spec.arms:
+            r = by_key[(n, arm)]
+            ratio = (f" ({r.steps_per_min / baseline[n]:.2f}x)"
+                     if baseline.get(n) and arm != "no-admission" else "")
+            cells.append(f"{r.steps_per_min:.0f}{ratio}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| N | arm | steps/min | hit rate | recomputed tok | turn p50/p99 s | "
+        "wait p50/p99/max s | pauses | resumes | moves | busy | problems |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.agents} | {r.arm} | {r.steps_per_min:.0f} | {_f(r.hit_rate, 3)} | "
+            f"{r.recomputed_tokens:,} | {_f(r.latency_p50_s)} / {_f(r.latency_p99_s)} | "
+            f"{_f(r.wait_p50_s)} / {_f(r.wait_p99_s)} / {_f(r.wait_max_s)} | {r.pauses} | "
+            f"{r.resumes} | {r.moves} | {r.busy_fraction:.2f} | {len(r.problems)} |")
+    problems = [f"- N={r.agents} {r.arm}: {p}" for r in results for p in r.problems]
+    if problems:
+        lines += ["", "problems:", *problems]
+    return "\n".join(lines) + "\n"
+
+
+def _describe_workload(w: WorkloadSpec) -> str:
+    return (f"synthetic, {w.turns[0]}-{w.turns[1]} turns, system prompt "
+            f"{w.system_prompt_tokens} tokens, first turn {w.first_turn_tokens[0]}-"
+            f"{w.first_turn_tokens[1]}, +{w.tool_output_tokens[0]}-{w.tool_output_tokens[1]} "
+            f"tool and {w.output_tokens[0]}-{w.output_tokens[1]} generated tokens a turn, "
+            f"tool time mix of {len(w.tool_time)} (token x{w.token_scale:g}, "
+            f"time x{w.time_scale:g})")
+
+
+def to_json(spec: SweepSpec, results: Sequence[RunResult]) -> dict[str, Any]:
+    return {
+        "scenario": spec.scenario.describe(),
+        "arms": list(spec.arms),
+        "agents": list(spec.agents),
+        "seed": spec.seed,
+        "policy": spec.policy,
+        "ttl_s": spec.ttl_s,
+        "results": [r.to_dict() for r in results],
+    }
+
+
+# ---- command line ---------------------------------------------------------------------------
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
+            from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``bench sim`` flags; every scenario flag defaults to the regime's preset."""
+    parser.add_argument("--regime", choices=sorted(SCENARIOS), default="calibrated",
+                        help="timing regime and its preset scenario (default calibrated)")
+    parser.add_argument("--arms", default=",".join(ARM_NAMES),
+                        help=f"comma-separated arms (default {','.join(ARM_NAMES)})")
+    parser.add_argument("--agents", type=_ints, default=None,
+                        help="comma-separated N values (default: 0.5x-3x the KV capacity)")
+    parser.add_argument("--workers", type=int, help="workers (preset: 2)")
+    parser.add_argument("--blocks", type=int, help="KV blocks per worker")
+    parser.add_argument("--block-size", type=int, help="tokens per KV block")
+    parser.add_argument("--max-num-seqs", type=int, help="running requests per worker")
+    parser.add_argument("--max-num-batched-tokens", type=int, help="token budget per pass")
+    parser.add_argument("--trace", help="replay this JSONL trace instead of synthetic agents")
+    parser.add_argument("--token-scale", type=float, help="multiply every token count")
+    parser.add_argument("--time-scale", type=float, help="multiply every tool time")
+    parser.add_argument("--no-reuse-output", action="store_true",
+                        help="clients do not send replies back verbatim (like the live driver)")
+    parser.add_argument("--window-s", type=float, help="steady window, simulated seconds")
+    parser.add_argument("--warmup-s", type=float, help="warm-up dropped before the window")
+    parser.add_argument("--policy", help=f"router-policy YAML for arm ours "
+                        f"(default {DEFAULT_POLICY.name})")
+    parser.add_argument("--ttl-s", type=float,
+                        help="ttl-pinning TTL in seconds (default: p90 of the tool time)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="processes to run the sweep on (results do not depend on it)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of markdown")
+    parser.add_argument("--out", help="also write sim.json and sim.md into this directory")
+
+
+def spec_from_args(args: argparse.Namespace) -> SweepSpec:
+    """Build the sweep from parsed flags; raises ValueError naming a bad flag."""
+    scenario = SCENARIOS[args.regime]()
+    overrides: dict[str, Any] = {}
+    for flag in ("workers", "blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                 "window_s", "warmup_s"):
+        value = getattr(args, flag)
+        if value is not None:
+            if value <= 0 and flag != "warmup_s":
+                raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
+            overrides[flag] = value
+    if args.trace is not None:
+        if not Path(args.trace).is_file():
+            raise ValueError(f"--trace: no such file {args.trace}")
+        overrides["trace"] = args.trace
+    if args.no_reuse_output:
+        overrides["reuse_output"] = False
+    workload = scenario.workload
+    if args.token_scale is not None:
+        workload = replace(workload, token_scale=args.token_scale)
+    if args.time_scale is not None:
+        workload = replace(workload, time_scale=args.time_scale)
+    workload.validate()
+    scenario = replace(scenario, workload=workload, **overrides)
+    agents = args.agents or sweep_agents(scenario, args.seed)
+    ttl = args.ttl_s if args.ttl_s is not None else tool_time_p90(scenario, args.seed)
+    return SweepSpec(scenario=scenario, arms=tuple(parse_arms(args.arms)),
+                     agents=tuple(agents), seed=args.seed, policy=args.policy, ttl_s=ttl,
+                     jobs=max(1, args.jobs))
+
+
+def run_sim_cli(args: argparse.Namespace) -> int:
+    """Entry point of ``bench sim``: 0 on success, 2 on bad flags or policy."""
+    from dynamo_thunderagent.catalog import PluginError
+    from dynamo_thunderagent.config import PolicyError
+
+    try:
+        spec = spec_from_args(args)
+        if "ours" in spec.arms:  # fail on a bad policy before simulating anything
+            build_arm("ours", policy=spec.policy, ttl_s=spec.ttl_s, clock=lambda: 0.0)
+    except (ValueError, PolicyError, PluginError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    results = run_sweep(spec)
+    elapsed = time.perf_counter() - started
+    text = markdown(spec, results)
+    data = to_json(spec, results)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sim.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        (out / "sim.md").write_text(text, encoding="utf-8")
+    print(json.dumps(data, indent=2) if args.json else text, end="" if not args.json else "\n")
+    # Wall time varies between machines, so it stays out of the (deterministic) output.
+    print(f"simulated {len(results)} runs in {elapsed:.1f} s", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dynamo-thunderagent bench sim",
+                                     description=__doc__.split("\n")[0] if __doc__ else None)
+    add_arguments(parser)
+    return run_sim_cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

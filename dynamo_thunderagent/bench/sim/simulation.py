@@ -1,0 +1,334 @@
+"""One simulated run: N closed-loop agents, one arm, W workers, a fixed window.
+
+The harness is the live one's (workload.md, ``bench/driver.py``) on a fake clock: each of
+``agents`` slots runs an :class:`~dynamo_thunderagent.bench.workload.AgentPlan` turn by turn
+(send the turn with the whole history, wait for it, run the tool, repeat); after its last
+turn the agent sends its session-final and the slot takes the next plan of the stream, so N
+agents are always live. At ``warmup_s + window_s`` the run stops starting turns and *drains*:
+every agent ends at its next tool boundary with a session-final (the live driver's
+``release``), and the run goes on until all have ended (or ``drain_limit_s`` passes), so
+that a scheduler's end state can be checked.
+
+Figures (:class:`RunResult`) count turns that *finished* inside the steady window
+``[warmup_s, warmup_s + window_s)``, the definitions of ``bench/metrics.py``:
+
+* steps/min: such turns per minute of the window;
+* hit rate: cached / prompt tokens of those turns (steady window only: the cold first turns
+  of the warm-up would otherwise blur the knee);
+* recomputed tokens: for each of those turns, the whole blocks that the program's previous
+  turn left reusable (its prompt, plus its reply when the client sends it back verbatim)
+  minus what this turn found cached;
+* turn latency: sent -> last token (admission wait + engine queue + prefill + decode);
+* admission wait: sent -> released by the arm; its max also covers turns still deferred at
+  the end of the window (a starved agent shows even if it never got through);
+* pauses, resumes, forced resumes, moves (a turn routed to another worker than its
+  program's previous turn): counted inside the window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dynamo_thunderagent.bench.sim.arms import Arm
+from dynamo_thunderagent.bench.sim.engine import (
+    Cluster,
+    EngineConfig,
+    EventLoop,
+    SimRequest,
+    Worker,
+)
+from dynamo_thunderagent.bench.workload import AgentPlan
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Shape of one run. ``client_overhead_s`` is added before every turn is sent (client
+    time per call that no GPU work explains: API, tokenisation)."""
+
+    agents: int
+    workers: int
+    engine: EngineConfig
+    warmup_s: float
+    window_s: float
+    drain_limit_s: float = 7200.0
+    client_overhead_s: float = 0.0
+
+    def validate(self) -> None:
+        if self.agents < 1 or self.workers < 1:
+            raise ValueError(f"need agents >= 1 and workers >= 1, got {self.agents}, "
+                             f"{self.workers}")
+        if self.warmup_s < 0 or self.window_s <= 0:
+            raise ValueError("need warmup_s >= 0 and window_s > 0")
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One finished turn (field names follow ``bench.driver.TurnRecord``)."""
+
+    session_id: str
+    turn: int
+    start: float
+    end: float
+    released: float
+    worker: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    reusable_tokens: int
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Figures of one (arm, N) run; see the module docstring for definitions."""
+
+    arm: str
+    agents: int
+    steps_per_min: float
+    steady_turns: int
+    hit_rate: float | None
+    prompt_tokens: int
+    cached_tokens: int
+    recomputed_tokens: int
+    reusable_tokens: int
+    latency_p50_s: float | None
+    latency_p99_s: float | None
+    wait_p50_s: float | None
+    wait_p99_s: float | None
+    wait_max_s: float | None
+    pauses: int
+    resumes: int
+    forced_resumes: int
+    moves: int
+    busy_fraction: float
+    agents_completed: int
+    errors: int
+    drained: bool
+    problems: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["problems"] = list(self.problems)
+        return data
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (as ``bench.metrics.percentile``); None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+@dataclass
+class _Agent:
+    slot: int
+    plan: AgentPlan
+    turn: int = 0
+    context: int = 0  # tokens of the history after the last finished turn
+    reusable: int = 0  # of which the cache can serve on the next turn (whole blocks)
+    worker: int | None = None
+
+
+class Simulation:
+    """Runs one arm against the simulated cluster (an :class:`~.arms.ArmHost`)."""
+
+    def __init__(self, config: RunConfig, arm: Arm, plans: Iterator[AgentPlan]) -> None:
+        config.validate()
+        self.config = config
+        self.loop = EventLoop()
+        self._cluster = Cluster([
+            Worker(i, config.engine, self.loop, self._first_token, self._finished)
+            for i in range(config.workers)
+        ])
+        self.arm = arm
+        self._plans = plans
+        self._agents: dict[str, _Agent] = {}
+        self._requests: dict[str, tuple[_Agent, SimRequest]] = {}
+        self._dispatched: set[str] = set()
+        self.records: list[TurnRecord] = []
+        self.errors = 0
+        self.agents_completed = 0
+        self.moves = 0
+        self.stopping = False
+        self._window_start = config.warmup_s
+        self._window_end = config.warmup_s + config.window_s
+        self._snapshots: list[dict[str, float]] = []
+        self._deferred_at_end: list[float] = []
+        self._problems_at_end: list[str] = []
+        arm.bind(self)
+
+    # ---- ArmHost ----------------------------------------------------------------------
+    @property
+    def cluster(self) -> Cluster:
+        return self._cluster
+
+    def now(self) -> float:
+        return self.loop.now
+
+    def dispatch(self, request_id: str, worker: int) -> None:
+        agent, request = self._requests[request_id]
+        request.released_at = self.loop.now
+        if agent.worker is not None and agent.worker != worker:
+            self.moves += 1
+        agent.worker = worker
+        self._dispatched.add(request_id)
+        self._cluster[worker].submit(request)
+
+    def reject(self, request_id: str, reason: str) -> None:
+        agent, _ = self._requests.pop(request_id)
+        self.errors += 1
+        self._end_agent(agent, completed=False)
+
+    def in_flight(self, request_id: str) -> bool:
+        return request_id in self._dispatched
+
+    # ---- the run ----------------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Simulate warm-up, window and drain; return the window's figures."""
+        loop = self.loop
+        for slot in range(self.config.agents):
+            self._start_agent(slot)
+        if self.arm.tick_interval:
+            loop.at(self.arm.tick_interval, self._tick)
+        loop.at(self._window_start, self._snapshot)
+        loop.at(self._window_end, self._stop)
+        limit = self._window_end + self.config.drain_limit_s
+        loop.run(limit, done=lambda: self.stopping and not self._agents)
+        drained = not self._agents
+        if drained:
+            self._cluster.check()
+        return self._result(drained)
+
+    def _start_agent(self, slot: int) -> None:
+        plan = next(self._plans)
+        agent = _Agent(slot, plan, context=plan.system_tokens)
+        self._agents[plan.session_id] = agent
+        self._send(agent)
+
+    def _send(self, agent: _Agent) -> None:
+        if self.stopping:
+            self._end_agent(agent, completed=False)
+            return
+        now = self.loop.now
+        step = agent.plan.turns[agent.turn]
+        prompt = agent.context + step.new_tokens
+        request = SimRequest(
+            request_id=f"{agent.plan.session_id}/{agent.turn}",
+            session_id=agent.plan.session_id,
+            turn=agent.turn,
+            prompt_tokens=prompt,
+            output_tokens=step.output_tokens,
+            system_tokens=agent.plan.system_tokens,
+            sent_at=now,
+            reusable_tokens=min(agent.reusable, prompt),
+        )
+        self._requests[request.request_id] = (agent, request)
+        if not all(w.fits_ever(request) for w in self._cluster.workers):
+            self.reject(request.request_id, "context exceeds a worker's KV pool")
+            return
+        self.arm.submit(request)
+
+    def _first_token(self, request: SimRequest) -> None:
+        self.arm.first_token(request)
+
+    def _finished(self, request: SimRequest) -> None:
+        agent, _ = self._requests.pop(request.request_id)
+        self._dispatched.discard(request.request_id)
+        now = self.loop.now
+        assert request.released_at is not None and request.worker is not None
+        self.records.append(TurnRecord(
+            request.session_id, request.turn, request.sent_at, now, request.released_at,
+            request.worker, request.prompt_tokens, request.cached_tokens,
+            request.output_tokens, request.reusable_tokens,
+        ))
+        size = self.config.engine.block_size
+        agent.context = request.context_tokens
+        kept = agent.context if self.config.engine.reuse_output else request.prompt_tokens
+        agent.reusable = kept // size * size
+        self.arm.completed(request)
+        step = agent.plan.turns[agent.turn]
+        agent.turn += 1
+        if agent.turn >= len(agent.plan.turns) or self.stopping:
+            self._end_agent(agent, completed=agent.turn >= len(agent.plan.turns))
+            return
+        delay = step.tool_seconds + self.config.client_overhead_s
+        self.loop.at(now + delay, lambda: self._send(agent))
+
+    def _end_agent(self, agent: _Agent, *, completed: bool) -> None:
+        del self._agents[agent.plan.session_id]
+        if completed and self._window_start <= self.loop.now < self._window_end:
+            self.agents_completed += 1
+        self.arm.session_final(agent.plan.session_id)
+        if not self.stopping:
+            self._start_agent(agent.slot)
+
+    def _tick(self) -> None:
+        self.arm.tick()
+        if not (self.stopping and not self._agents):
+            assert self.arm.tick_interval is not None
+            self.loop.at(self.loop.now + self.arm.tick_interval, self._tick)
+
+    def _snapshot(self) -> None:
+        counters: dict[str, float] = dict(self.arm.counters())
+        counters["moves"] = self.moves
+        counters["busy_s"] = sum(w.stats.busy_s for w in self._cluster.workers)
+        self._snapshots.append(counters)
+
+    def _stop(self) -> None:
+        self._snapshot()
+        now = self.loop.now
+        self._deferred_at_end = [now - r.sent_at for _, r in self._requests.values()
+                                 if r.released_at is None]
+        self._problems_at_end = self.arm.problems(drained=False)
+        self.stopping = True
+
+    # ---- figures ----------------------------------------------------------------------
+    def _result(self, drained: bool) -> RunResult:
+        start, end = self._window_start, self._window_end
+        steady = [r for r in self.records if start <= r.end < end]
+        prompt = sum(r.prompt_tokens for r in steady)
+        cached = sum(r.cached_tokens for r in steady)
+        reusable = sum(r.reusable_tokens for r in steady)
+        recomputed = sum(max(0, r.reusable_tokens - r.cached_tokens) for r in steady)
+        latencies = [r.end - r.start for r in steady]
+        waits = [r.released - r.start for r in steady]
+        wait_max = max(waits + self._deferred_at_end, default=None)
+        before, after = self._snapshots if len(self._snapshots) == 2 else ({}, {})
+
+        def delta(key: str) -> int:
+            return int(after.get(key, 0) - before.get(key, 0))
+
+        busy = (after.get("busy_s", 0.0) - before.get("busy_s", 0.0)) / (
+            self.config.window_s * self.config.workers)
+        problems = list(self._problems_at_end)
+        problems += self.arm.problems(drained=drained) if drained else [
+            f"{len(self._agents)} agents had not ended {self.config.drain_limit_s:g} s "
+            "after the window"]
+        return RunResult(
+            arm=self.arm.name,
+            agents=self.config.agents,
+            steps_per_min=len(steady) / (self.config.window_s / 60.0),
+            steady_turns=len(steady),
+            hit_rate=cached / prompt if prompt else None,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            recomputed_tokens=recomputed,
+            reusable_tokens=reusable,
+            latency_p50_s=percentile(latencies, 0.50),
+            latency_p99_s=percentile(latencies, 0.99),
+            wait_p50_s=percentile(waits, 0.50),
+            wait_p99_s=percentile(waits, 0.99),
+            wait_max_s=wait_max,
+            pauses=delta("pauses"),
+            resumes=delta("resumes"),
+            forced_resumes=delta("forced_resumes"),
+            moves=delta("moves"),
+            busy_fraction=min(1.0, busy),
+            agents_completed=self.agents_completed,
+            errors=self.errors,
+            drained=drained,
+            problems=tuple(problems),
+        )
