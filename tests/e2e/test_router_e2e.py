@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import (
+# This folder's conftest.py: pytest puts a test folder without __init__.py on sys.path.
+from conftest import (
     ENGINE_DATA,
     MODEL,
     REPO_ROOT,
