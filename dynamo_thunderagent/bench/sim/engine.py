@@ -231,12 +231,15 @@ class Worker:
 
     ``on_first_token(request)`` and ``on_finish(request)`` are called at the end of the pass
     that produced the token; a finished request's blocks are already released then.
+    ``jumps=False`` simulates every decode pass as its own event (slow; the tests use it to
+    check that jumps change nothing).
     """
 
     def __init__(self, index: int, config: EngineConfig, loop: EventLoop,
                  on_first_token: Callable[[SimRequest], None],
-                 on_finish: Callable[[SimRequest], None]) -> None:
+                 on_finish: Callable[[SimRequest], None], *, jumps: bool = True) -> None:
         self.index = index
+        self.jumps = jumps
         self.config = config
         self.kv = KvPool(config.total_blocks, config.block_size)
         self.loop = loop
@@ -366,7 +369,7 @@ class Worker:
         token = self._token
         now = self.loop.now
         passes = min(r.output_tokens - r.generated for r in decoding) if decoding else 1
-        if not chunks and passes > 1 and pass_s > 0:
+        if self.jumps and not chunks and passes > 1 and pass_s > 0:
             # Pure decode and the queue cannot join (empty, or its head does not fit):
             # identical passes until the first request finishes (cut by kick()).
             self._jump = _Jump(now, pass_s, passes, token)

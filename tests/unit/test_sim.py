@@ -1,0 +1,245 @@
+"""The simulator: its KV pool, its engine, its arms and the ``bench sim`` command."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from dynamo_thunderagent import cli
+from dynamo_thunderagent.bench.sim.arms import (
+    UPSTREAM_PARAMETERS,
+    ProgramArm,
+    UpstreamScheduler,
+    build_arm,
+)
+from dynamo_thunderagent.bench.sim.engine import (
+    EngineConfig,
+    EventLoop,
+    SimRequest,
+    TimingModel,
+    Worker,
+)
+from dynamo_thunderagent.bench.sim.kv import SYSTEM_CHAIN, KvPool
+from dynamo_thunderagent.bench.sim.run import (
+    Scenario,
+    SweepSpec,
+    cheap_recompute_scenario,
+    markdown,
+    run_sweep,
+    to_json,
+)
+from dynamo_thunderagent.bench.sim.simulation import RunConfig, Simulation
+from dynamo_thunderagent.capacity import CapacityCard
+from dynamo_thunderagent.program import Phase, WorkerKey
+from dynamo_thunderagent.scheduler import Scheduler
+
+# ---- KV pool ------------------------------------------------------------------------------
+
+
+def test_prefix_hit_is_the_shared_system_prompt_plus_the_programs_own_history() -> None:
+    kv = KvPool(100, 16)
+    kv.acquire(2, "a", 5)
+    kv.release(2, "a", keep_blocks=4)  # the partial last block is not cached
+    assert kv.hit(2, "a") == (2, 4)
+    assert kv.hit(2, "b") == (2, 0)  # another program shares only the system prompt
+    kv.check()
+
+
+def test_lru_evicts_the_least_recently_released_chain_first_and_from_its_tail() -> None:
+    kv = KvPool(10, 16)
+    kv.acquire(0, "a", 4)
+    kv.release(0, "a", 4)
+    kv.acquire(0, "b", 4)
+    kv.release(0, "b", 4)
+    kv.acquire(0, "c", 5)  # 2 free blocks, so 3 are evicted: a's last three
+    assert (kv.resident("a"), kv.resident("b")) == (1, 4)
+    assert kv.hit(0, "a") == (0, 1)  # what is left of a is still a usable prefix
+    kv.check()
+
+
+def test_system_prompt_is_evicted_after_the_histories_that_extend_it() -> None:
+    kv = KvPool(8, 16)
+    kv.acquire(2, "a", 2)
+    kv.release(2, "a", 2)
+    kv.acquire(0, "x", 6)  # 4 free: evicts a's 2 blocks before the shared prompt
+    assert kv.resident("a") == 0 and kv.resident(SYSTEM_CHAIN) == 2
+    kv.check()
+
+
+def test_own_history_is_unreachable_once_the_shared_prefix_is_trimmed() -> None:
+    kv = KvPool(8, 16)
+    kv.acquire(2, "a", 2)
+    kv.release(2, "a", 2, pin=True)
+    kv.acquire(0, "x", 5)  # 4 free, a pinned: one system block goes
+    assert kv.resident("a") == 2
+    assert kv.hit(2, "a") == (1, 0)
+    kv.check()
+
+
+def test_pinned_chain_is_never_evicted_and_evicted_first_once_unpinned() -> None:
+    kv = KvPool(10, 16)
+    kv.acquire(0, "a", 4)
+    kv.release(0, "a", 4, pin=True)
+    kv.acquire(0, "b", 4)
+    kv.release(0, "b", 4)
+    assert kv.plan(0, "c", 6).fits  # 2 free + b's 4
+    assert not kv.plan(0, "c", 7).fits  # a's 4 are pinned
+    kv.acquire(0, "c", 6)
+    assert (kv.resident("a"), kv.resident("b")) == (4, 0)
+    kv.release(0, "c", 6)
+    assert kv.unpin("a")
+    kv.acquire(0, "d", 2)
+    assert (kv.resident("a"), kv.resident("c")) == (2, 6)
+    kv.check()
+
+
+# ---- engine -------------------------------------------------------------------------------
+
+LINEAR = TimingModel("test", prefill_pass_s=0.0, prefill_per_token_s=0.001, decode_base_s=0.01)
+
+
+def _worker(blocks: int = 64, *, jumps: bool = True,
+            timing: TimingModel = LINEAR) -> tuple[EventLoop, Worker, list[SimRequest]]:
+    loop = EventLoop()
+    done: list[SimRequest] = []
+    worker = Worker(0, EngineConfig(blocks, 16, timing), loop, lambda r: None, done.append,
+                    jumps=jumps)
+    return loop, worker, done
+
+
+def _request(session: str, turn: int, prompt: int, output: int, now: float = 0.0,
+             system: int = 32) -> SimRequest:
+    return SimRequest(f"{session}/{turn}", session, turn, prompt, output, system, now)
+
+
+def test_next_turn_is_served_from_the_previous_turns_prompt_and_reply() -> None:
+    loop, worker, done = _worker()
+    worker.submit(_request("a", 0, 100, 20))
+    loop.run(10.0)
+    assert done[0].finished_at == pytest.approx(0.1 + 19 * 0.01)  # prefill, then 19 decodes
+    worker.submit(_request("a", 1, 150, 5, now=loop.now))
+    loop.run(20.0)
+    assert done[1].cached_tokens == 120 // 16 * 16  # whole blocks of 100 + 20 tokens
+    assert done[1].prefill_left == 0 and done[1].generated == 5
+
+
+def test_request_waits_in_the_queue_until_its_blocks_fit() -> None:
+    loop, worker, done = _worker(blocks=10)
+    worker.submit(_request("a", 0, 100, 20, system=0))  # 8 blocks
+    worker.submit(_request("b", 0, 60, 10, system=0))  # 5 blocks: waits for a
+    loop.run(10.0)
+    a, b = sorted(done, key=lambda r: r.session_id)
+    assert b.scheduled_at == a.finished_at
+
+
+def test_decode_jumps_give_the_same_times_as_pass_by_pass_simulation() -> None:
+    rng = random.Random(7)
+    arrivals = [(rng.uniform(0, 2.0), f"s{i}", rng.randint(20, 400), rng.randint(1, 80))
+                for i in range(30)]
+
+    def simulate(jumps: bool) -> list[tuple[str, float, int]]:
+        loop, worker, done = _worker(blocks=60, jumps=jumps)
+        for when, session, prompt, output in sorted(arrivals):
+            request = _request(session, 0, prompt, output, now=when)
+            loop.at(when, partial(worker.submit, request))
+        loop.run(100.0)
+        assert len(done) == len(arrivals)
+        worker.kv.check()
+        return sorted((r.session_id, r.finished_at or 0.0, r.cached_tokens) for r in done)
+
+    fast, slow = simulate(True), simulate(False)
+    assert [(s, c) for s, _, c in fast] == [(s, c) for s, _, c in slow]
+    assert [t for _, t, _ in fast] == pytest.approx([t for _, t, _ in slow], abs=1e-9)
+
+
+# ---- runs and sweeps ------------------------------------------------------------------------
+
+
+def _small(window_s: float = 90.0) -> Scenario:
+    return replace(cheap_recompute_scenario(), warmup_s=30.0, window_s=window_s)
+
+
+def test_same_seed_gives_identical_output() -> None:
+    spec = SweepSpec(scenario=_small(40.0), arms=("ours", "no-admission", "ttl-pinning",
+                                                  "upstream"), agents=(4, 16), seed=3, ttl_s=1.0)
+    first, second = run_sweep(spec), run_sweep(spec)
+    assert json.dumps(to_json(spec, first)) == json.dumps(to_json(spec, second))
+    assert markdown(spec, first) == markdown(spec, second)
+    other = run_sweep(replace(spec, seed=4))
+    assert to_json(spec, other) != to_json(spec, first)
+
+
+def test_no_admission_thrashes_past_the_capacity_while_ours_keeps_its_cache() -> None:
+    spec = SweepSpec(scenario=_small(), arms=("ours", "no-admission"), agents=(5, 30))
+    hit = {(r.arm, r.agents): r.hit_rate or 0.0 for r in run_sweep(spec)}
+    assert hit[("no-admission", 5)] > 0.8
+    assert hit[("no-admission", 30)] < 0.5  # caches evicted during tool calls
+    assert hit[("ours", 30)] > 0.85
+    assert hit[("ours", 30)] > hit[("no-admission", 30)] + 0.3
+
+
+@pytest.mark.parametrize("arm_name", ["ours", "upstream"])
+def test_program_arms_release_every_program_after_the_session_finals(arm_name: str) -> None:
+    scenario = _small()
+    config = RunConfig(agents=30, workers=scenario.workers, engine=scenario.engine(),
+                       warmup_s=scenario.warmup_s, window_s=scenario.window_s)
+    sim: Simulation | None = None
+    arm = build_arm(arm_name, policy=None, ttl_s=1.0,
+                    clock=lambda: sim.now() if sim is not None else 0.0)
+    sim = Simulation(config, arm, scenario.plans(0))
+    result = sim.run()
+    assert result.pauses > 0  # the gate was exercised
+    assert result.drained and result.problems == ()
+    assert isinstance(arm, ProgramArm)
+    table = arm.scheduler.table
+    assert not table.programs and not table.requests
+    assert not any(p.phase is Phase.REASONING for p in table.programs.values())
+
+
+def test_upstream_marks_every_reasoning_program_once_no_acting_one_is_left() -> None:
+    def overloaded(scheduler: Scheduler) -> list[str]:
+        scheduler.set_workers(frozenset({0}), {})  # cold start: released without a card
+        for i in range(3):
+            scheduler.submit(f"r{i}", f"s{i}", 400, 0.0)
+            scheduler.sent(f"r{i}", WorkerKey(0), 0.0)
+        scheduler.set_workers(frozenset({0}), {WorkerKey(0): CapacityCard(1000, 1)})
+        return sorted(scheduler.tick(1.0).marked)  # usage 3 x (400 + 100) = 1500
+
+    assert overloaded(UpstreamScheduler(UPSTREAM_PARAMETERS)) == ["s0", "s1", "s2"]
+    assert overloaded(Scheduler(UPSTREAM_PARAMETERS)) == ["s0"]  # ours stops at the target
+
+
+# ---- command line ---------------------------------------------------------------------------
+
+
+def test_bench_sim_prints_json_with_figures_per_arm(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["bench", "sim", "--regime", "cheap-recompute", "--agents", "3",
+                     "--arms", "ours,no-admission", "--window-s", "20", "--warmup-s", "5",
+                     "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["arm"] for r in data["results"]] == ["ours", "no-admission"]
+    assert all("steps_per_min" in r and "hit_rate" in r for r in data["results"])
+
+
+def test_bench_sim_prints_a_markdown_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["bench", "sim", "--regime", "cheap-recompute", "--agents", "2,4",
+                     "--arms", "no-admission,upstream", "--window-s", "20", "--warmup-s", "5"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "| N | no-admission | upstream |" in out and "| 4 | upstream |" in out
+
+
+def test_bench_sim_names_a_bad_policy(tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "bad.yaml"
+    policy.write_text("request_classifier:\n  type: thunderagent\n  parameters:\n"
+                      "    pause_threshold: 2\n")
+    code = cli.main(["bench", "sim", "--policy", str(policy), "--agents", "2"])
+    assert code == 2
+    assert "pause_threshold" in capsys.readouterr().err
