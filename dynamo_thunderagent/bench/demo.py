@@ -71,6 +71,7 @@ class DemoConfig:
     request_timeout_s: float = 60.0
     trace: Path | None = None
     trace_token_scale: float = 0.07
+    policy: Path | None = None  # router-policy YAML for arm ours (None: the launcher's default)
     spec: WorkloadSpec = field(default_factory=lambda: DEMO_SPEC)
 
     def plans(self) -> Iterator[AgentPlan]:
@@ -182,6 +183,7 @@ def run_arm(arm: str, config: DemoConfig, sizing: Sizing, say: Callable[[str], N
             num_gpu_blocks=sizing.num_gpu_blocks,
             block_size=config.block_size,
             speedup_ratio=config.speedup_ratio,
+            policy=config.policy if arm == "ours" else None,
             keep_run_dir=False,
         ) as stack:
             say(
@@ -358,6 +360,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--policy", type=Path, default=None,
+        help="router-policy YAML for arm ours (default: policies/thunderagent.yaml)",
+    )
+    parser.add_argument(
         "--arms",
         default=",".join(DEMO_ARMS),
         help=f"comma-separated, in order; from {', '.join(KNOWN_ARMS)}",
@@ -414,7 +420,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         arms=arms, agents=args.agents, duration_s=args.duration, warmup_s=warmup,
         drain_s=args.drain, seed=args.seed, num_gpu_blocks=args.blocks,
         pressure=args.pressure, speedup_ratio=args.speedup_ratio, trace=args.trace,
-        trace_token_scale=args.trace_token_scale, spec=spec,
+        trace_token_scale=args.trace_token_scale, spec=spec, policy=args.policy,
     )  # fmt: skip
 
 
