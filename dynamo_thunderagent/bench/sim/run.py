@@ -7,11 +7,14 @@ regime, workload, window. Two presets, one per timing regime:
   workers x 1,408 blocks x 16 tokens, agents of 10-20 turns (500-token shared system prompt,
   100-300 tool tokens and 32-64 generated tokens a turn, tool time lognormal with a 0.5 s
   median) and the mocker's default timing. Re-prefilling an evicted context is cheap here.
-* ``calibrated``: GPU-sized agents on GPU-like costs: the default synthetic SWE-agent
-  workload (``WorkloadSpec()``: 20-60 turns, contexts growing to ~30k tokens, 100-300
-  generated tokens a turn, the heavy-tailed tool mix), 2 workers x 16,384 blocks x 16 tokens
-  (262k tokens each), timing fitted to the shipped GLM-4.5 trace (``bench.calibration``), and
-  the trace's per-call client overhead. Re-prefilling a context costs many decode steps.
+* ``calibrated``: real agents on GPU-like costs: the shipped SWE-agent trace replayed
+  (133 runs, median 39 steps, peak contexts of 37k tokens at the median, 77 generated tokens
+  a step, short local tools; a 1,000-token shared system prompt assumed), 2 workers x 16,384
+  blocks x 16 tokens (262k tokens each), timing fitted to the same trace
+  (``bench.calibration``) and its per-call client overhead. Re-prefilling a context costs
+  many decode steps. ``--workload synthetic`` swaps in the synthetic SWE-agent shape
+  (``WorkloadSpec()``: 20-60 turns, ~30k-token peaks, the heavy-tailed tool mix of
+  workload.md); without the trace file the preset falls back to it.
 
 Every flag overrides one field of the chosen preset. Without ``--agents`` N is swept from
 the capacity: N agents whose mean *peak* context adds up to 0.5x, 1x, 1.5x, 2x and 3x the
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -42,6 +46,7 @@ from dynamo_thunderagent.bench.sim.engine import (
 )
 from dynamo_thunderagent.bench.sim.simulation import RunConfig, RunResult, Simulation
 from dynamo_thunderagent.bench.workload import (
+    DEFAULT_TRACE,
     AgentPlan,
     ToolTimeComponent,
     WorkloadSpec,
@@ -132,6 +137,7 @@ def calibrated_scenario() -> Scenario:
         warmup_s=600.0,
         window_s=1800.0,
         client_overhead_s=overhead,
+        trace=str(DEFAULT_TRACE) if DEFAULT_TRACE.is_file() else None,
     )
 
 
@@ -197,7 +203,7 @@ def run_sweep(spec: SweepSpec) -> list[RunResult]:
              for n in spec.agents for arm in spec.arms]
     if spec.jobs <= 1 or len(tasks) == 1:
         return [_run_star(t) for t in tasks]
-    with ProcessPoolExecutor(max_workers=spec.jobs) as pool:
+    with ProcessPoolExecutor(max_workers=min(spec.jobs, len(tasks))) as pool:
         return list(pool.map(_run_star, tasks))
 
 
@@ -300,7 +306,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, help="tokens per KV block")
     parser.add_argument("--max-num-seqs", type=int, help="running requests per worker")
     parser.add_argument("--max-num-batched-tokens", type=int, help="token budget per pass")
-    parser.add_argument("--trace", help="replay this JSONL trace instead of synthetic agents")
+    parser.add_argument("--workload", choices=("trace", "synthetic"),
+                        help="replay a trace or generate agents (preset: calibrated replays "
+                        "the shipped trace, cheap-recompute is synthetic)")
+    parser.add_argument("--trace", help="replay this JSONL trace (implies --workload trace)")
     parser.add_argument("--token-scale", type=float, help="multiply every token count")
     parser.add_argument("--time-scale", type=float, help="multiply every tool time")
     parser.add_argument("--no-reuse-output", action="store_true",
@@ -312,8 +321,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttl-s", type=float,
                         help="ttl-pinning TTL in seconds (default: p90 of the tool time)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="processes to run the sweep on (results do not depend on it)")
+    parser.add_argument("--jobs", type=int, default=0,
+                        help="processes to run the sweep on (default 0: one per CPU; "
+                        "results do not depend on it)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of markdown")
     parser.add_argument("--out", help="also write sim.json and sim.md into this directory")
 
@@ -330,9 +340,18 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
                 raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
             overrides[flag] = value
     if args.trace is not None:
+        if args.workload == "synthetic":
+            raise ValueError("--trace and --workload synthetic contradict each other")
         if not Path(args.trace).is_file():
             raise ValueError(f"--trace: no such file {args.trace}")
         overrides["trace"] = args.trace
+    elif args.workload == "synthetic":
+        overrides["trace"] = None
+    elif args.workload == "trace" and scenario.trace is None:
+        if not DEFAULT_TRACE.is_file():
+            raise ValueError(f"--workload trace: the shipped trace {DEFAULT_TRACE} is missing; "
+                             "pass --trace PATH")
+        overrides["trace"] = str(DEFAULT_TRACE)
     if args.no_reuse_output:
         overrides["reuse_output"] = False
     workload = scenario.workload
@@ -346,7 +365,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     ttl = args.ttl_s if args.ttl_s is not None else tool_time_p90(scenario, args.seed)
     return SweepSpec(scenario=scenario, arms=tuple(parse_arms(args.arms)),
                      agents=tuple(agents), seed=args.seed, policy=args.policy, ttl_s=ttl,
-                     jobs=max(1, args.jobs))
+                     jobs=args.jobs if args.jobs > 0 else (os.cpu_count() or 1))
 
 
 def run_sim_cli(args: argparse.Namespace) -> int:
