@@ -17,13 +17,7 @@ from dynamo_thunderagent.bench.sim.arms import (
     UpstreamScheduler,
     build_arm,
 )
-from dynamo_thunderagent.bench.sim.engine import (
-    EngineConfig,
-    EventLoop,
-    SimRequest,
-    TimingModel,
-    Worker,
-)
+from dynamo_thunderagent.bench.sim.engine import EngineConfig, EventLoop, SimRequest, Worker
 from dynamo_thunderagent.bench.sim.kv import SYSTEM_CHAIN, KvPool
 from dynamo_thunderagent.bench.sim.run import (
     Scenario,
@@ -34,6 +28,7 @@ from dynamo_thunderagent.bench.sim.run import (
     to_json,
 )
 from dynamo_thunderagent.bench.sim.simulation import RunConfig, Simulation
+from dynamo_thunderagent.bench.sim.timing import TimingModel
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.program import Phase, WorkerKey
 from dynamo_thunderagent.scheduler import Scheduler

@@ -5,7 +5,8 @@ programs (``bench.workload``) and the same policy objects (ours through the plug
 as the live harness, against a model of W workers with paged KV, prefix caching, LRU
 eviction and continuous batching, on a fake clock (no sleeping, no threads).
 
-Modules: :mod:`.kv` (one worker's KV pool), :mod:`.engine` (timing, batching, workers),
+Modules: :mod:`.kv` (one worker's KV pool), :mod:`.timing` (what a pass costs),
+:mod:`.engine` (batching, workers),
 :mod:`.arms` (the policies compared), :mod:`.simulation` (one closed-loop run and its
 figures), :mod:`.run` (scenarios, sweeps, the ``bench sim`` command).
 """

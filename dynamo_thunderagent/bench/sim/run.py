@@ -32,19 +32,19 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from dynamo_thunderagent.bench.sim.arms import ARM_NAMES, DEFAULT_POLICY, build_arm, parse_arms
-from dynamo_thunderagent.bench.sim.engine import (
-    EngineConfig,
+from dynamo_thunderagent.bench.sim.engine import EngineConfig
+from dynamo_thunderagent.bench.sim.simulation import RunConfig, RunResult, Simulation
+from dynamo_thunderagent.bench.sim.timing import (
     TimingModel,
     calibrated_timing,
     cheap_recompute_timing,
 )
-from dynamo_thunderagent.bench.sim.simulation import RunConfig, RunResult, Simulation
 from dynamo_thunderagent.bench.workload import (
     DEFAULT_TRACE,
     AgentPlan,
@@ -174,7 +174,6 @@ class SweepSpec:
     policy: str | None = None
     ttl_s: float = 1.0
     jobs: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def run_one(scenario: Scenario, arm_name: str, agents: int, seed: int,
