@@ -401,6 +401,11 @@ class LocalStack:
                 deadline,
                 f"{BUILTIN_ADMISSION_LOG_LINE!r} in the frontend log",
             )
+        if self.state_url is not None:
+            # The frontend lists the model before our router's worker watch has seen every
+            # worker (about a second); agents started then would all land on the first one.
+            self._wait_for(self._router_sees_workers, deadline,
+                           f"{cfg.num_workers} live workers in the router's state")
         return self
 
     def stop(self) -> None:
@@ -598,6 +603,21 @@ class LocalStack:
 
     def _workers_registered(self) -> bool:
         return len(self.worker_instances()) >= self.config.num_workers
+
+    def _router_sees_workers(self) -> bool:
+        """Our router lists every worker live and, if its classifier reports ranks, knows
+        the capacity of each."""
+        body = _http_get(self.state_url) if self.state_url else None
+        if body is None:
+            return False
+        want = self.config.num_workers
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            state = json.loads(body)
+            ranks = (state.get("scheduler") or {}).get("ranks")
+            known = want if ranks is None else sum(
+                1 for rank in ranks.values() if rank.get("capacity_tokens"))
+            return len(state.get("live_workers") or []) >= want and known >= want
+        return False
 
     def _model_listed(self) -> bool:
         body = _http_get(f"{self.url}/models")
