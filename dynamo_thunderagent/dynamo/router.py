@@ -50,6 +50,11 @@ log = structlog.get_logger("dynamo_thunderagent.router")
 
 # Bounded per-request samples kept for the state endpoint (benchmarks read them).
 SAMPLE_LIMIT = 20_000
+# A worker that failed a request before its first chunk is treated as gone for this
+# long. Discovery keeps a killed worker listed until its lease expires (about 10 s
+# with file discovery); without this, sticky programs would keep failing on it and
+# new programs could be placed on it because it looks idle.
+UNREACHABLE_SECONDS = 15.0
 
 
 def _client_error(message: str) -> Exception:
@@ -129,6 +134,7 @@ class ThunderAgentRouter:
         self.stats = RouterStats()
         self.in_flight: dict[str, StreamTracker] = {}
         self._live: frozenset[int] = frozenset()
+        self._unreachable: dict[int, float] = {}  # worker id -> until (clock time)
         self._card_keys: frozenset[WorkerKey] = frozenset()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -158,8 +164,9 @@ class ThunderAgentRouter:
             return
         tracker = StreamTracker(request_id, classify_input.input_tokens)
         self.in_flight[request_id] = tracker
+        target: WorkerKey | None = None
         try:
-            forwarded = await self._forward(request, admission)
+            forwarded, target = await self._forward(request, admission)
             async for chunk in await self.kv_router.generate_from_request(forwarded):
                 events = tracker.observe(chunk)
                 if events and tracker.sent_to is not None and any(
@@ -168,28 +175,54 @@ class ThunderAgentRouter:
                 self._report(admission, events)
                 yield chunk
             self._report(admission, tracker.abort("stream ended without a finish reason"))
-        except BaseException as error:  # disconnects and cancellation included
+        except (GeneratorExit, asyncio.CancelledError) as error:  # the client went away
             self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"))
-            if not isinstance(error, (GeneratorExit, asyncio.CancelledError)):
-                self.stats.errors += 1
-                log.warning("request.failed", request_id=request_id, error=repr(error))
             raise
+        except Exception as error:
+            self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"))
+            self.stats.errors += 1
+            log.warning("request.failed", request_id=request_id, worker=str(target),
+                        error=repr(error))
+            if target is not None and tracker.sent_to is None:
+                self._mark_unreachable(target.worker_id)
+            # A plain RuntimeError reaches the client as a 500 that keeps this message
+            # (the KV router's own errors would surface as a bare 400).
+            where = f"worker {target}" if target is not None else "routing"
+            raise RuntimeError(
+                f"request {request_id} failed at {where}: {type(error).__name__}: {error}"
+            ) from error
         finally:
             self.in_flight.pop(request_id, None)
             if tracker.terminal is not None and tracker.cached_tokens is not None:
                 self.stats.prompt_tokens += tracker.usage_prompt_tokens or tracker.prompt_tokens
                 self.stats.cached_tokens += tracker.cached_tokens
 
-    async def _forward(self, request: dict[str, Any], admission: Admission) -> dict[str, Any]:
+    async def _forward(
+        self, request: dict[str, Any], admission: Admission
+    ) -> tuple[dict[str, Any], WorkerKey | None]:
+        """The request to send and the worker/rank it is pinned to (None: KV router's pick)."""
         if not admission.tracked:
-            return request  # no session: the KV router's own choice
-        live = self.client.instance_ids()
+            return request, None  # no session: the KV router's own choice
         loads = await self.kv_router.get_potential_loads(list(request.get("token_ids") or []))
-        candidates = worker_loads(loads, live)
+        candidates = worker_loads(loads, self._live_ids())
         if not candidates:
             raise NoEligibleWorker("no live worker serves this model")
         target = self.selector.select(candidates, admission.preferred, self.block_size)
-        return pin_request(request, target)
+        return pin_request(request, target), target
+
+    def _live_ids(self) -> frozenset[int]:
+        """Live workers by discovery, less those that just failed to take a request."""
+        now = self.clock()
+        for worker_id in [w for w, until in self._unreachable.items() if until <= now]:
+            del self._unreachable[worker_id]
+        return frozenset(self.client.instance_ids()) - set(self._unreachable)
+
+    def _mark_unreachable(self, worker_id: int) -> None:
+        if worker_id not in self._unreachable:
+            log.warning("worker.unreachable", worker_id=worker_id, seconds=UNREACHABLE_SECONDS)
+        self._unreachable[worker_id] = self.clock() + UNREACHABLE_SECONDS
+        with contextlib.suppress(Exception):
+            self.refresh_workers()  # move its programs now, not at the next refresh
 
     def _report(self, admission: Admission, events: list[RequestEvent]) -> None:
         if not admission.tracked:
@@ -205,7 +238,7 @@ class ThunderAgentRouter:
     # ---- background -------------------------------------------------------------
     def refresh_workers(self) -> bool:
         """Read liveness and capacity cards; tell the classifier. True if changed."""
-        live = frozenset(self.client.instance_ids())
+        live = self._live_ids()
         cards = capacity_cards(self.cards.get_model_cards()) if self.cards else {}
         cards = {k: v for k, v in cards.items() if k.worker_id in live}
         self.classifier.update_workers(live, cards)
@@ -256,6 +289,7 @@ class ThunderAgentRouter:
             "router": self.stats.as_dict(),
             "in_flight": len(self.in_flight),
             "live_workers": sorted(self._live),
+            "unreachable_workers": sorted(self._unreachable),
             "block_size": self.block_size,
         }
 

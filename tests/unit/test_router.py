@@ -70,6 +70,7 @@ class FakeKvRouter:
         self.loads: dict[int, int] = {A: 0, B: 0}  # worker -> potential prefill tokens
         self.hold: asyncio.Event | None = None
         self.fail_after_first: Exception | None = None
+        self.fail_before_first: dict[int, Exception] = {}  # worker -> error at connect
         self.end_without_finish = False
 
     async def get_potential_loads(self, token_ids: list[int]) -> list[dict[str, int]]:
@@ -86,6 +87,8 @@ class FakeKvRouter:
         routing = request.get("routing") or {}
         worker = routing.get("backend_instance_id", A)
         rank = routing.get("dp_rank", 0)
+        if worker in self.fail_before_first:
+            raise self.fail_before_first[worker]
         chunks = chunk_stream(worker, rank, len(request["token_ids"]), self.tokens)
         if self.end_without_finish:
             chunks = chunks[:-1]
@@ -304,7 +307,7 @@ async def test_an_error_from_the_kv_stream_aborts_once_and_the_program_is_acting
     await collect(h.router, turn("s"), "r1")
     h.kv.fail_after_first = ConnectionError("worker went away")
 
-    with pytest.raises(ConnectionError):
+    with pytest.raises(RuntimeError, match="worker went away"):  # a 500 that says what failed
         await collect(h.router, turn("s", tokens=20), "r2")
     terminal = [e for e in h.events_of("r2") if isinstance(e, (Aborted, Completed))]
     assert len(terminal) == 1 and isinstance(terminal[0], Aborted)
@@ -318,6 +321,24 @@ async def test_an_error_from_the_kv_stream_aborts_once_and_the_program_is_acting
     h.kv.fail_after_first = None  # the session carries on
     await collect(h.router, turn("s", tokens=30), "r3")
     assert h.program("s").steps == 2
+
+
+async def test_a_worker_that_fails_before_its_first_chunk_is_avoided_until_discovery_catches_up(
+) -> None:
+    h = Harness()
+    await collect(h.router, turn("s"), "r1")
+    home = h.program("s").worker.worker_id
+    other = B if home == A else A
+    h.kv.fail_before_first[home] = ConnectionError("connection refused")
+    with pytest.raises(RuntimeError, match="connection refused"):
+        await collect(h.router, turn("s"), "r2")
+    assert h.router.state()["unreachable_workers"] == [home]
+    # Discovery still lists the dead worker, but the next turn moves to the other one.
+    await collect(h.router, turn("s"), "r3")
+    assert h.program("s").worker.worker_id == other and h.program("s").steps == 2
+    h.clock.now += 16  # the quarantine ends; the worker is back if discovery still lists it
+    h.router.refresh_workers()
+    assert h.router.state()["unreachable_workers"] == []
 
 
 async def test_a_stream_that_ends_without_a_finish_reason_is_aborted() -> None:
