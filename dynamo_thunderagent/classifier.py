@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.config import EmptyParameters, ThunderAgentParameters
+from dynamo_thunderagent.costs import EngineCosts
 from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.scheduler import Decisions, Reject, Release, Scheduler
 
@@ -125,6 +126,9 @@ class RequestClassifier(ABC):
         """Seconds between ``tick`` calls; None if this classifier needs none."""
         return None
 
+    def observe_costs(self, prefill_seconds_per_token: float, decode_seconds: float) -> None:
+        """The engine's measured prefill cost per uncached token and a turn's decode time."""
+
     @property
     def prefix_blocks_wanted(self) -> int:
         """How many leading block hashes per request the shell should compute (0: none)."""
@@ -202,6 +206,9 @@ class ThunderAgentClassifier(RequestClassifier):
         else:
             decisions = self.scheduler.aborted(event.request_id, now)
         self._apply(decisions)
+
+    def observe_costs(self, prefill_seconds_per_token: float, decode_seconds: float) -> None:
+        self.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token, decode_seconds))
 
     def update_workers(
         self, live_worker_ids: Iterable[int], cards: Mapping[WorkerKey, CapacityCard]

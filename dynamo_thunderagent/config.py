@@ -124,6 +124,11 @@ class ThunderAgentParameters(_Strict):
     reserves room (nothing behind it resumes until it fits). None: off."""
     min_residency_seconds: float = Field(0.0, ge=0.0)
     """A program resumed or admitted less than this long ago is not paused (churn guard)."""
+    pause_min_recompute_ratio: float | None = Field(None, ge=0.0)
+    """Pause only when pausing pays: a program is paused (or held back for lack of room)
+    only if re-prefilling its context would cost at least this fraction of a turn's
+    decode time, both measured from the engine's own timings. Where recompute is cheap,
+    admission then behaves like plain KV routing. None: always (parity)."""
 
     @field_validator(
         "resume_timeout_seconds",

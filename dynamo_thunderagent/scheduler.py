@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from dynamo_thunderagent.capacity import Capacity, CapacityCard, UsageModel
 from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.costs import EngineCosts
 from dynamo_thunderagent.program import (
     Lifecycle,
     Phase,
@@ -103,6 +104,7 @@ class Scheduler:
         )
         self.table = ProgramTable(self.usage_model)
         self.capacity = Capacity()
+        self.costs: EngineCosts | None = None
         self.counters = {"pauses": 0, "resumes": 0, "forced_resumes": 0, "moves": 0,
                          "expired": 0, "evicted": 0, "rejected": 0}
 
@@ -126,6 +128,23 @@ class Scheduler:
         ):
             self._room_appeared(now, d)
         return d
+
+    def observe_costs(self, costs: EngineCosts | None) -> None:
+        """The latest measured prefill cost per token and turn service time."""
+        self.costs = costs
+
+    def pause_pays(self, tokens: int) -> bool:
+        """Would pausing a program of ``tokens`` save more than it costs?
+
+        Parity (``pause_min_recompute_ratio`` unset) and unmeasured costs: yes.
+        Otherwise: re-prefilling the program must take at least that fraction of
+        a turn's decode time; below it, a pause only idles the agent.
+        """
+        ratio = self.params.pause_min_recompute_ratio
+        if ratio is None or self.costs is None:
+            return True
+        recompute = tokens * self.costs.prefill_seconds_per_token
+        return recompute >= ratio * self.costs.decode_seconds
 
     # ---- admission -------------------------------------------------------------
     def submit(
@@ -217,18 +236,21 @@ class Scheduler:
         if not self.capacity.known:
             self._release(program, request, None, now, d)  # cold start: no capacity data
             return
-        if program.is_new and self.table.any_paused:
+        pays = self.pause_pays(program.tokens)
+        if program.is_new and self.table.any_paused and pays:
             self._pause(program, now, d)  # no queue jumping past paused programs
             program.deferred_since = now
             return
-        target = self._least_used_with_room(program.tokens + self.params.buffer_per_program)
+        need = program.tokens + self.params.buffer_per_program
+        target = self._least_used_with_room(need if pays else None)
         if target is None:
             self._pause(program, now, d)
             program.deferred_since = now
             return
         self._release(program, request, target, now, d)
 
-    def _least_used_with_room(self, need: float) -> WorkerKey | None:
+    def _least_used_with_room(self, need: float | None) -> WorkerKey | None:
+        """The least-used rank where ``need`` fits under the threshold (None: any rank)."""
         # Runs on every new program's admission over every rank: keep it a
         # tight loop over precomputed usage (ranks are visited in key order,
         # so the strict < keeps the lowest worker/rank on equal usage).
@@ -238,7 +260,7 @@ class Scheduler:
         usage_of = self.table.usage_by_rank.get
         for worker, capacity in self.capacity.known.items():
             usage = usage_of(worker, 0.0)
-            if usage + need <= capacity * threshold:
+            if need is None or usage + need <= capacity * threshold:
                 fraction = usage / capacity
                 if fraction < best_fraction:
                     best, best_fraction = worker, fraction
@@ -424,7 +446,10 @@ class Scheduler:
         chosen = []
         for program in sorted(paused, key=lambda p: self._resume_order(p, now)):
             need = program.tokens + buffer
-            if need <= free:
+            if not self.pause_pays(program.tokens):
+                chosen.append(program)  # holding it back saves nothing: resume it anyway
+                free -= need
+            elif need <= free:
                 chosen.append(program)
                 free -= need
             elif self._aged(program, now):
@@ -444,7 +469,7 @@ class Scheduler:
                 while -heap[0][0] != room[heap[0][1]]:
                     heapq.heappop(heap)
                 worker = heap[0][1]
-                if room[worker] < need:
+                if room[worker] < need and self.pause_pays(program.tokens):
                     continue
             room[worker] -= need
             heapq.heappush(heap, (-room[worker], worker))
@@ -546,7 +571,8 @@ class Scheduler:
             acting = sorted(
                 (p for p in members if p.phase is Phase.ACTING
                  and not (residency and p.active_since is not None
-                          and now - p.active_since < residency)),
+                          and now - p.active_since < residency)
+                 and self.pause_pays(p.tokens)),
                 key=victim_order,
             )
             for program in acting:
@@ -555,7 +581,8 @@ class Scheduler:
                 usage -= charge(program)
                 self._pause(program, now, d)
             reasoning = sorted(
-                (p for p in members if p.phase is Phase.REASONING and not p.marked_for_pause),
+                (p for p in members if p.phase is Phase.REASONING and not p.marked_for_pause
+                 and self.pause_pays(p.tokens)),
                 key=lambda p: (p.tokens, p.seq),
             )
             for program in reasoning:

@@ -30,10 +30,12 @@ import structlog
 from dynamo_thunderagent.classifier import (
     Admission,
     AdmissionRejected,
+    Completed,
     RequestClassifier,
     RequestEvent,
     Sent,
 )
+from dynamo_thunderagent.costs import CostMeter
 from dynamo_thunderagent.dynamo.translate import (
     StreamTracker,
     capacity_cards,
@@ -132,6 +134,7 @@ class ThunderAgentRouter:
         self.refresh_interval = refresh_interval
         self.clock = clock
         self.stats = RouterStats()
+        self.costs = CostMeter()
         self.in_flight: dict[str, StreamTracker] = {}
         self._live: frozenset[int] = frozenset()
         self._unreachable: dict[int, float] = {}  # worker id -> until (clock time)
@@ -196,6 +199,14 @@ class ThunderAgentRouter:
             if tracker.terminal is not None and tracker.cached_tokens is not None:
                 self.stats.prompt_tokens += tracker.usage_prompt_tokens or tracker.prompt_tokens
                 self.stats.cached_tokens += tracker.cached_tokens
+            if isinstance(tracker.terminal, Completed):
+                costs = self.costs.observe(
+                    tracker.uncached_tokens,
+                    None if tracker.prefill_ms is None else tracker.prefill_ms / 1e3,
+                    _decode_seconds(tracker))
+                if costs is not None:
+                    self.classifier.observe_costs(costs.prefill_seconds_per_token,
+                                                  costs.decode_seconds)
 
     async def _forward(
         self, request: dict[str, Any], admission: Admission
@@ -291,7 +302,16 @@ class ThunderAgentRouter:
             "live_workers": sorted(self._live),
             "unreachable_workers": sorted(self._unreachable),
             "block_size": self.block_size,
+            "costs": {"prefill_seconds_per_token": self.costs.prefill_seconds_per_token,
+                      "decode_seconds": self.costs.decode_seconds},
         }
+
+
+def _decode_seconds(tracker: StreamTracker) -> float | None:
+    """First token to last, from the engine's timings (None if not reported)."""
+    if tracker.total_ms is None or tracker.ttft_ms is None:
+        return None
+    return max(0.0, tracker.total_ms - tracker.ttft_ms) / 1e3
 
 
 def _request_id(context: Any) -> str:

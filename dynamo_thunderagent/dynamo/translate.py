@@ -149,6 +149,10 @@ class StreamTracker:
     cached_tokens: int | None = None
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
+    # The engine's timings of this request (routing_data.timing), when reported.
+    prefill_ms: float | None = None
+    ttft_ms: float | None = None
+    total_ms: float | None = None
     terminal: RequestEvent | None = None
     _pending: list[RequestEvent] = field(default_factory=list)
 
@@ -174,12 +178,26 @@ class StreamTracker:
             details = usage.get("prompt_tokens_details") or {}
             if details.get("cached_tokens") is not None:
                 self.cached_tokens = int(details["cached_tokens"])
+        timing = (chunk.get("routing_data") or {}).get("timing") or {}
+        if timing.get("prefill_time_ms") is not None:
+            self.prefill_ms = float(timing["prefill_time_ms"])
+        if timing.get("ttft_ms") is not None:
+            self.ttft_ms = float(timing["ttft_ms"])
+        if timing.get("total_time_ms") is not None:
+            self.total_ms = float(timing["total_time_ms"])
         if chunk.get("finish_reason") is not None:
             prompt = self.usage_prompt_tokens or self.prompt_tokens
             generated = max(self.generated_tokens, self.usage_completion_tokens or 0)
             self.terminal = Completed(self.request_id, int(prompt) + int(generated))
             events.append(self.terminal)
         return events
+
+    @property
+    def uncached_tokens(self) -> int | None:
+        """Prompt tokens the engine had to prefill (None until usage is known)."""
+        if self.cached_tokens is None:
+            return None
+        return max(0, (self.usage_prompt_tokens or self.prompt_tokens) - self.cached_tokens)
 
     def abort(self, reason: str) -> list[RequestEvent]:
         """The terminal event if the stream ended any other way; else nothing."""

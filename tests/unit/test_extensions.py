@@ -174,3 +174,53 @@ def test_extension_defaults_are_the_parity_behaviour() -> None:
             p.resume_affinity, p.max_wait_seconds, p.min_residency_seconds) == (
         False, False, "smallest", False, False, None, 0.0)
     assert WorkerKey(0) == W0
+
+
+def test_pausing_is_skipped_where_recompute_is_cheap_next_to_decode() -> None:
+    from dynamo_thunderagent.costs import EngineCosts
+
+    for prefill_cost, expected in ((1e-6, []), (1e-3, ["small"])):
+        h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9,
+                 pause_min_recompute_ratio=0.5)
+        h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=prefill_cost,
+                                              decode_seconds=1.0))
+        h.workers({W0: 2_000})
+        h.acting_on("small", W0, 600)
+        h.acting_on("big", W0, 1_200)
+        h.workers({W0: 1_800})  # 1,800 > 1,710: parity would pause "small"
+        # 600 tokens re-prefill in 0.6 ms (cheap: keep it) or 0.6 s (>= 0.5 x 1 s: pause).
+        assert h.tick().paused == expected
+
+
+def test_a_new_program_is_admitted_without_room_when_holding_it_back_saves_nothing() -> None:
+    from dynamo_thunderagent.costs import EngineCosts
+
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, pause_min_recompute_ratio=0.5)
+    h.workers({W0: 1_000, W1: 1_000})
+    h.acting_on("a", W0, 900)
+    h.acting_on("b", W1, 800)
+    rid, d = h.turn("c", 500)
+    assert d.outcome(rid) is None  # costs unknown yet: parity (paused for lack of room)
+    h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=1e-6, decode_seconds=1.0))
+    d = h.tick()
+    released = d.outcome(rid)
+    assert isinstance(released, Release) and released.worker == W1  # most room, though short
+    rid2, d2 = h.turn("d", 500)  # no room anywhere: the least used rank (W0 at 0.9 < W1 1.3)
+    released = d2.outcome(rid2)
+    assert isinstance(released, Release) and released.worker == W0
+
+
+def test_cost_meter_smooths_and_ignores_small_prefills() -> None:
+    from dynamo_thunderagent.costs import CostMeter
+
+    meter = CostMeter(alpha=0.5, min_uncached_tokens=100)
+    assert meter.observe(50, 0.5, 1.0) is None  # too few tokens for a prefill sample
+    costs = meter.observe(1_000, 0.1, 2.0)
+    assert costs is not None and costs.prefill_seconds_per_token == 1e-4
+    assert costs.decode_seconds == 1.0  # the least the smoothed decode time has been
+    costs = meter.observe(1_000, 0.3, 10.0)  # decode slowed by thrash: yardstick stays
+    assert costs is not None and abs(costs.prefill_seconds_per_token - 2e-4) < 1e-12
+    assert costs.decode_seconds == 1.0
+    for _ in range(4):  # 5.75 -> 2.9 -> 1.5 -> 0.8 -> 0.45: below the old low
+        meter.observe(None, None, 0.1)
+    assert meter.decode_seconds is not None and meter.decode_seconds < 1.0  # and falls

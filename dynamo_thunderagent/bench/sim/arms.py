@@ -36,6 +36,7 @@ from dynamo_thunderagent.config import (
     ThunderAgentParameters,
     parse_policy,
 )
+from dynamo_thunderagent.costs import CostMeter
 from dynamo_thunderagent.program import Lifecycle, Phase, RequestState, WorkerKey
 from dynamo_thunderagent.scheduler import Decisions, Scheduler
 from dynamo_thunderagent.selector import ThunderAgentSelector, WorkerLoad, WorkerSelector
@@ -197,6 +198,7 @@ class ProgramArm(Arm):
         self.scheduler = scheduler
         self.selector = selector
         self.tick_interval = scheduler.params.scheduler_interval_seconds
+        self.costs = CostMeter()
 
     def bind(self, host: ArmHost) -> None:
         super().bind(host)
@@ -213,6 +215,14 @@ class ProgramArm(Arm):
         self._apply(self.scheduler.responding(request.request_id, self.host.now()))
 
     def completed(self, request: SimRequest) -> None:
+        # Measure costs the way the router does: from the request's own timings.
+        if request.scheduled_at is not None and request.first_token_at is not None:
+            costs = self.costs.observe(
+                request.prompt_tokens - request.cached_tokens,
+                request.first_token_at - request.scheduled_at,
+                self.host.now() - request.first_token_at)
+            if costs is not None:
+                self.scheduler.observe_costs(costs)
         self._apply(self.scheduler.completed(request.request_id, request.context_tokens,
                                              self.host.now()))
 
