@@ -28,7 +28,7 @@ class CostMeter:
     """
 
     alpha: float = 0.1
-    min_uncached_tokens: int = 256
+    min_uncached_tokens: int = 1024
     prefill_seconds_per_token: float | None = None
     decode_seconds: float | None = None
     _decode_ewma: float | None = None
