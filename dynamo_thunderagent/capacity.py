@@ -8,7 +8,7 @@ Usage of a worker/rank counts its ACTIVE programs only (a paused program's KV
 may still be resident, but the scheduler is free to let it be evicted)::
 
     usage = sum(REASONING tokens) + acting_token_weight * sum(ACTING tokens)
-            + buffer_per_program * programs - shared-prefix credit + shared-prefix term
+            + buffer_per_program * programs - shared-prefix credit
 
 The decayed variant weights each ACTING program by 2^(-idle / tau): a program
 whose tool has run for long is less likely to need its cache soon.
@@ -86,17 +86,20 @@ class UsageModel:
     acting_decay_tau_seconds: float
     buffer_per_program: int
 
+    def weight(self, program: Program, now: float | None = None) -> float:
+        """Weight of the program's tokens: 1 while REASONING, the ACTING weight while a
+        tool runs, decayed by its idle time when ``now`` is given."""
+        if program.phase is Phase.REASONING:
+            return 1.0
+        if now is None or program.acting_since is None:
+            return self.acting_token_weight
+        idle = max(0.0, now - program.acting_since)
+        return self.acting_token_weight * float(2.0 ** (-idle / self.acting_decay_tau_seconds))
+
     def charge(self, program: Program) -> float:
         """Capacity an ACTIVE program occupies now (the pressure side)."""
-        tokens = program.tokens - program.shared_prefix_tokens
-        if program.phase is Phase.ACTING:
-            return self.acting_token_weight * tokens + self.buffer_per_program
-        return tokens + self.buffer_per_program
+        return self.weight(program) * program.tokens + self.buffer_per_program
 
     def decayed_charge(self, program: Program, now: float) -> float:
         """Capacity charged when deciding whether room exists (the resume side)."""
-        if program.phase is Phase.REASONING or program.acting_since is None:
-            return self.charge(program)
-        idle = max(0.0, now - program.acting_since)
-        weight = self.acting_token_weight * float(2.0 ** (-idle / self.acting_decay_tau_seconds))
-        return weight * (program.tokens - program.shared_prefix_tokens) + self.buffer_per_program
+        return self.weight(program, now) * program.tokens + self.buffer_per_program

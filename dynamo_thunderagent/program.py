@@ -80,11 +80,6 @@ class Program:
     moves: int = 0
 
     @property
-    def shared_prefix_tokens(self) -> int:
-        """Tokens of this program covered by its hashed prefix blocks."""
-        return min(self.tokens, len(self.prefix_blocks) * self.prefix_block_tokens)
-
-    @property
     def is_new(self) -> bool:
         """Never finished a turn: nothing of it is cached anywhere yet."""
         return self.steps == 0

@@ -24,11 +24,11 @@ class _RankLedger:
     reasoning_tokens: int = 0
     acting_tokens: int = 0
     programs: int = 0
-    # Shared-prefix accounting: tokens of hashed prefix blocks, per phase (credited
-    # back from the programs' own charge), and how many programs hold each block
-    # hash. The distinct blocks are charged once.
-    reasoning_prefix_tokens: int = 0
-    acting_prefix_tokens: int = 0
+    # Shared-prefix accounting: the hashed leading blocks of each program, per phase,
+    # and how many programs hold each block. A block held by k programs was charged
+    # k times; the k - 1 duplicates are credited back (see ProgramTable._shared_credit).
+    reasoning_prefix_blocks: int = 0
+    acting_prefix_blocks: int = 0
     prefix_counts: Counter[int] = field(default_factory=Counter)
     prefix_block_tokens: int = 0
 
@@ -80,13 +80,13 @@ class ProgramTable:
         if program.worker is None:
             return
         ledger = self._ledger.setdefault(program.worker, _RankLedger())
-        prefix = program.shared_prefix_tokens
+        blocks = len(program.prefix_blocks)
         if program.phase is Phase.REASONING:
             ledger.reasoning_tokens += program.tokens
-            ledger.reasoning_prefix_tokens += prefix
+            ledger.reasoning_prefix_blocks += blocks
         else:
             ledger.acting_tokens += program.tokens
-            ledger.acting_prefix_tokens += prefix
+            ledger.acting_prefix_blocks += blocks
         ledger.programs += 1
         if program.prefix_blocks:
             ledger.prefix_counts.update(program.prefix_blocks)
@@ -101,13 +101,13 @@ class ProgramTable:
         if program.worker is None:
             return
         ledger = self._ledger[program.worker]
-        prefix = program.shared_prefix_tokens
+        blocks = len(program.prefix_blocks)
         if program.phase is Phase.REASONING:
             ledger.reasoning_tokens -= program.tokens
-            ledger.reasoning_prefix_tokens -= prefix
+            ledger.reasoning_prefix_blocks -= blocks
         else:
             ledger.acting_tokens -= program.tokens
-            ledger.acting_prefix_tokens -= prefix
+            ledger.acting_prefix_blocks -= blocks
         ledger.programs -= 1
         if program.prefix_blocks:
             ledger.prefix_counts.subtract(program.prefix_blocks)
@@ -125,17 +125,28 @@ class ProgramTable:
 
     def _refresh(self, worker: WorkerKey, ledger: _RankLedger) -> None:
         model = self.usage_model
+        weighted_blocks = (ledger.reasoning_prefix_blocks
+                           + model.acting_token_weight * ledger.acting_prefix_blocks)
         self._usage[worker] = (
-            ledger.reasoning_tokens - ledger.reasoning_prefix_tokens
-            + model.acting_token_weight * (ledger.acting_tokens - ledger.acting_prefix_tokens)
+            ledger.reasoning_tokens
+            + model.acting_token_weight * ledger.acting_tokens
             + model.buffer_per_program * ledger.programs
-            + self._shared_term(ledger)
+            - self._shared_credit(ledger, weighted_blocks)
         )
 
     @staticmethod
-    def _shared_term(ledger: _RankLedger) -> int:
-        """The distinct prefix blocks of a rank's programs, each charged once."""
-        return len(ledger.prefix_counts) * ledger.prefix_block_tokens
+    def _shared_credit(ledger: _RankLedger, weighted_blocks: float) -> float:
+        """Tokens charged more than once for prefix blocks that several programs share.
+
+        Each duplicate is credited at the average weight its holders' blocks are
+        charged at (1 while REASONING, the ACTING weight, or decayed), so a
+        credit never exceeds what was charged for the copies.
+        """
+        total = ledger.reasoning_prefix_blocks + ledger.acting_prefix_blocks
+        duplicates = total - len(ledger.prefix_counts)
+        if duplicates <= 0:
+            return 0.0
+        return duplicates * ledger.prefix_block_tokens * weighted_blocks / total
 
     # ---- queries --------------------------------------------------------------
     def usage(self, worker: WorkerKey) -> float:
@@ -152,9 +163,14 @@ class ProgramTable:
         ledger = self._ledger.get(worker)
         if ledger is None:
             return 0.0
-        charge = self.usage_model.decayed_charge
-        members = self._members[worker].values()
-        return self._shared_term(ledger) + sum(charge(p, now) for p in members)
+        model = self.usage_model
+        usage = 0.0
+        weighted_blocks = 0.0
+        for program in self._members[worker].values():
+            weight = model.weight(program, now)
+            usage += weight * program.tokens + model.buffer_per_program
+            weighted_blocks += weight * len(program.prefix_blocks)
+        return usage - self._shared_credit(ledger, weighted_blocks)
 
     def members(self, worker: WorkerKey) -> list[Program]:
         """ACTIVE programs assigned to ``worker``, in creation order."""

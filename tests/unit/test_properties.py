@@ -455,13 +455,21 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         recount: dict[WorkerKey, float] = {}
         distinct: dict[WorkerKey, set[int]] = {}
+        held: dict[WorkerKey, list[tuple[float, int]]] = {}  # (weight, blocks) per program
+        model = self.scheduler.usage_model
         for program in self.table.programs.values():
             if program.lifecycle is Lifecycle.ACTIVE and program.worker is not None:
-                charge = self.scheduler.usage_model.charge(program)
-                recount[program.worker] = recount.get(program.worker, 0.0) + charge
+                recount[program.worker] = recount.get(program.worker, 0.0) + model.charge(program)
                 distinct.setdefault(program.worker, set()).update(program.prefix_blocks)
-        for rank, blocks in distinct.items():  # shared prefix blocks: charged once per rank
-            recount[rank] += len(blocks) * PREFIX_BLOCK_TOKENS
+                held.setdefault(program.worker, []).append(
+                    (model.weight(program), len(program.prefix_blocks)))
+        for rank, blocks in distinct.items():
+            # A prefix block held by k programs is credited k - 1 times, at the average
+            # weight of the blocks held there.
+            total = sum(n for _, n in held[rank])
+            if total > len(blocks):
+                average = sum(w * n for w, n in held[rank]) / total
+                recount[rank] -= (total - len(blocks)) * PREFIX_BLOCK_TOKENS * average
         for rank in set(recount) | set(RANKS) | set(self.table.assigned_workers()):
             ledger = self.table.usage(rank)
             assert close(ledger, recount.get(rank, 0.0)), (
