@@ -14,19 +14,20 @@ pressure only if ``--blocks`` is given.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from dynamo_thunderagent.bench.metrics import ArmMetrics, summarize
+from dynamo_thunderagent.bench.runner import (  # noqa: F401  (re-exported for callers)
+    ArmResult,
+    RunSpec,
+    run_stack,
+    scheduler_figures,
+)
 from dynamo_thunderagent.bench.workload import (
     AgentPlan,
     WorkloadSpec,
@@ -116,110 +117,17 @@ def size_capacity(config: DemoConfig) -> Sizing:
     )
 
 
-@dataclass
-class ArmResult:
-    """One arm's outcome: metrics, our router's state figures, or why it failed."""
-
-    arm: str
-    metrics: ArmMetrics | None = None
-    scheduler: dict[str, Any] = field(default_factory=dict)
-    elapsed_s: float = 0.0
-    agents_started: int = 0
-    error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "arm": self.arm,
-            "elapsed_s": round(self.elapsed_s, 2),
-            "agents_started": self.agents_started,
-            "error": self.error,
-        }
-        if self.metrics is not None:
-            data.update(self.metrics.to_dict())
-        if self.scheduler:
-            data["scheduler"] = self.scheduler
-        return data
-
-
-def _get_json(url: str, timeout: float = 5.0) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            data = json.loads(resp.read())
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def scheduler_figures(state: dict[str, Any]) -> dict[str, Any]:
-    """The operator-facing figures of our router's ``/state`` document."""
-    scheduler = state.get("scheduler") or {}
-    router = state.get("router") or {}
-    counters = scheduler.get("counters") or {}
-    return {
-        "pauses": counters.get("pauses", 0),
-        "resumes": counters.get("resumes", 0),
-        "moves": counters.get("moves", 0),
-        "forced_resumes": counters.get("forced_resumes", 0),
-        "paused_at_end": scheduler.get("paused"),
-        "admission_wait_p50_s": router.get("admission_wait_p50_s"),
-        "admission_wait_p99_s": router.get("admission_wait_p99_s"),
-        "admission_wait_max_s": router.get("admission_wait_max_s"),
-        "router_hit_rate": router.get("hit_rate"),
-        "rejected": router.get("rejected"),
-    }
-
-
 def run_arm(arm: str, config: DemoConfig, sizing: Sizing, say: Callable[[str], None]) -> ArmResult:
     """Start the stack for ``arm``, drive the agents, read state, stop; never raises."""
-    from dynamo_thunderagent.bench.driver import PromptText, run_closed_loop
-    from dynamo_thunderagent.stack.launcher import LocalStack
-
-    started = time.monotonic()
-    result = ArmResult(arm)
-    try:
-        with LocalStack(
-            arm=arm,
-            num_workers=config.num_workers,
-            num_gpu_blocks=sizing.num_gpu_blocks,
-            block_size=config.block_size,
-            speedup_ratio=config.speedup_ratio,
-            policy=config.policy if arm == "ours" else None,
-            keep_run_dir=False,
-        ) as stack:
-            say(
-                f"[{arm}] stack up in {time.monotonic() - started:.1f}s; "
-                f"driving {config.agents} agents for {config.duration_s:.0f}s"
-            )
-            text = PromptText.from_tokenizer(stack.model_path / "tokenizer.json")
-
-            def progress(p: Any) -> None:
-                say(
-                    f"[{arm}] t={p.elapsed_s:5.1f}s turns={p.turns_ok} errors={p.errors} "
-                    f"in-flight={p.in_flight} agents started={p.agents_started} "
-                    f"done={p.agents_completed}"
-                )
-
-            run = asyncio.run(run_closed_loop(
-                stack.url, config.plans(), agents=config.agents, window_s=config.duration_s,
-                drain_s=config.drain_s, request_timeout_s=config.request_timeout_s,
-                text=text, job=f"demo-{config.seed}", on_progress=progress,
-            ))  # fmt: skip
-            if stack.state_url is not None:
-                state = _get_json(stack.state_url)
-                result.scheduler = scheduler_figures(state) if state else {"error": "no state"}
-        result.agents_started = run.agents_started
-        result.metrics = summarize(
-            run.records, warmup_s=config.warmup_s, window_s=config.duration_s,
-            block_size=config.block_size, reuse_completion=False,
-        )  # fmt: skip
-    except Exception as error:  # one arm failing must not hide the others
-        result.error = f"{type(error).__name__}: {str(error).splitlines()[0]}"
-    result.elapsed_s = time.monotonic() - started
-    say(
-        f"[{arm}] finished in {result.elapsed_s:.1f}s"
-        + (f" with error: {result.error}" if result.error else "")
-    )
-    return result
+    spec = RunSpec(
+        arm=arm, plans=config.plans, agents=config.agents, window_s=config.duration_s,
+        warmup_s=config.warmup_s, drain_s=config.drain_s,
+        request_timeout_s=config.request_timeout_s, num_workers=config.num_workers,
+        num_gpu_blocks=sizing.num_gpu_blocks, block_size=config.block_size,
+        speedup_ratio=config.speedup_ratio, policy=config.policy if arm == "ours" else None,
+        job=f"demo-{config.seed}",
+    )  # fmt: skip
+    return run_stack(spec, say)
 
 
 def _fmt(value: Any, spec: str = "") -> str:
@@ -361,7 +269,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--policy", type=Path, default=None,
-        help="router-policy YAML for arm ours (default: policies/thunderagent.yaml)",
+        help="router-policy YAML for arm ours (default: policies/thunderagent-extended.yaml)",
     )
     parser.add_argument(
         "--arms",
