@@ -78,7 +78,7 @@ WORKER_ENDPOINT_NAME = "generate"
 OUR_ROUTER_COMPONENT = "router"
 
 # The policy our router runs with when the stack is given none.
-DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "policies" / "thunderagent.yaml"
+DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "policies" / "thunderagent-extended.yaml"
 
 _PR_SET_PDEATHSIG = 1
 # DYN_SYSTEM_PORT must fit an i16 in Dynamo 1.6.1.
@@ -134,7 +134,7 @@ class StackConfig:
     mocker_args: list[str] = field(default_factory=list)
     frontend_args: list[str] = field(default_factory=list)
     # builtin and ours: the router-policy YAML. None: for builtin, BUILTIN_POLICY_YAML written
-    # into the run dir; for ours, the project's policies/thunderagent.yaml.
+    # into the run dir; for ours, the project's policies/thunderagent-extended.yaml.
     policy: Path | None = None
     # dynamo-python: extra flags for dynamo.thunderagent_router (e.g. --pause-threshold 0.9).
     router_args: list[str] = field(default_factory=list)
