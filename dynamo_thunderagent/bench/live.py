@@ -893,13 +893,14 @@ def _spread_cell(cell: Mapping[str, Any] | None, name: str, spec: str) -> str:
     if cell is None:
         return "not run"
     if cell.get(name) is None:
-        return "failed" if cell.get("failed_runs") else "-"
+        failed = cell.get("failed_runs")
+        return f"failed ({failed}/{cell['runs']} runs)" if failed else "-"
     s = cell.get("spread", {}).get(name)
     text = format(cell[name], spec)
     if s and len(s["values"]) > 1:
         text += f" ({format(s['min'], spec)}-{format(s['max'], spec)})"
     if cell.get("failed_runs"):
-        text += f" [{cell['failed_runs']} failed]"
+        text += f" [{cell['failed_runs']}/{cell['runs']} runs failed]"
     return text
 
 
