@@ -1184,7 +1184,24 @@ def machine_info() -> dict[str, Any]:
         info["ai_dynamo"] = version("ai-dynamo")
     with contextlib.suppress(OSError):
         info["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    info["code"] = code_version()
     return info
+
+
+def code_version() -> str | None:
+    """``DTA_CODE_VERSION`` if set (e.g. for a snapshot without git), else the checkout's
+    ``git describe --always --dirty``, else None."""
+    if os.environ.get("DTA_CODE_VERSION"):
+        return os.environ["DTA_CODE_VERSION"]
+    import subprocess
+
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=Path(__file__).resolve().parent,
+            capture_output=True, text=True, timeout=5, check=True,
+        )  # fmt: skip
+        return done.stdout.strip() or None
+    return None
 
 
 def run_live(config: LiveConfig, *, as_json: bool, out: TextIO = sys.stdout,
