@@ -208,8 +208,20 @@ class ProgramArm(Arm):
         self.scheduler.set_workers(frozenset(w.index for w in cluster.workers), cards)
 
     def submit(self, request: SimRequest) -> None:
+        blocks: tuple[int, ...] = ()
+        block_tokens = self.host.cluster.block_size
+        params = self.scheduler.params
+        if params.shared_prefix_accounting:
+            # What the router's chained block hashes see: the system prompt's blocks are
+            # common to every agent, the rest are the program's own.
+            full = min(request.prompt_tokens // block_tokens, params.shared_prefix_max_blocks)
+            shared = min(full, request.system_tokens // block_tokens)
+            blocks = tuple(hash(("system", i)) for i in range(shared)) + tuple(
+                hash((request.session_id, i)) for i in range(shared, full))
         self._apply(self.scheduler.submit(request.request_id, request.session_id,
-                                          request.prompt_tokens, self.host.now()))
+                                          request.prompt_tokens, self.host.now(),
+                                          prefix_blocks=blocks,
+                                          prefix_block_tokens=block_tokens))
 
     def first_token(self, request: SimRequest) -> None:
         self._apply(self.scheduler.responding(request.request_id, self.host.now()))
