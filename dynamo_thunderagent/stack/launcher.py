@@ -48,6 +48,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal, get_args
 
+from dynamo_thunderagent.policy_files import EXTENDED_POLICY
 from dynamo_thunderagent.stack.tiny_model import MODEL_NAME, build_tiny_model
 from dynamo_thunderagent.stack.zmq_broker import broker_url
 
@@ -78,7 +79,7 @@ WORKER_ENDPOINT_NAME = "generate"
 OUR_ROUTER_COMPONENT = "router"
 
 # The policy our router runs with when the stack is given none.
-DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "policies" / "thunderagent-extended.yaml"
+DEFAULT_POLICY = EXTENDED_POLICY
 
 _PR_SET_PDEATHSIG = 1
 # DYN_SYSTEM_PORT must fit an i16 in Dynamo 1.6.1.

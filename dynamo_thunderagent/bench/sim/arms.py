@@ -37,14 +37,16 @@ from dynamo_thunderagent.config import (
     parse_policy,
 )
 from dynamo_thunderagent.costs import CostMeter
+from dynamo_thunderagent.policy_files import EXTENDED_POLICY
 from dynamo_thunderagent.program import Lifecycle, Phase, RequestState, WorkerKey
 from dynamo_thunderagent.scheduler import Decisions, Scheduler
 from dynamo_thunderagent.selector import ThunderAgentSelector, WorkerLoad, WorkerSelector
 
 ARM_NAMES = ("ours", "no-admission", "ttl-pinning", "upstream")
 
-# Where the shipped policy lives in a checkout; an installed package falls back to defaults.
-DEFAULT_POLICY = Path(__file__).resolve().parents[3] / "policies" / "thunderagent.yaml"
+# Arm ours runs the shipped extended policy, like the live stack; an installed package
+# without the policies folder falls back to the parameter defaults.
+DEFAULT_POLICY = EXTENDED_POLICY
 
 
 class ArmHost(Protocol):
