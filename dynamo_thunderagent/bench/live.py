@@ -14,7 +14,8 @@ latency, admission wait, pauses, resumes, worker moves, errors. Arms:
 * ``builtin``: Dynamo 1.6.1's Rust ThunderAgent (frontend ``--router-policy-config``), with
   ``--builtin-policy`` (default ``policies/thunderagent.yaml``, the parity file);
 * ``dynamo-python``: ``python -m dynamo.thunderagent_router``;
-* ``ours``: ``dynamo-thunderagent serve`` with ``--policy``;
+* ``ours``: ``dynamo-thunderagent serve`` with ``--policy`` (default
+  ``policies/thunderagent-extended.yaml``);
 * ablations ``ours:<label>=<policy.yaml>`` (or ``--arm-policy label=path``): our router with
   another policy file (``builtin:<label>=<path>`` works the same way for the builtin arm).
 
@@ -121,6 +122,7 @@ from dynamo_thunderagent.bench.workload import (
     load_trace,
     replay_stream,
 )
+from dynamo_thunderagent.policy_files import EXTENDED_POLICY, PARITY_POLICY
 
 if TYPE_CHECKING:
     from dynamo_thunderagent.bench.driver import RunResult
@@ -134,7 +136,6 @@ REGIME_NAMES: tuple[str, ...] = ("calibrated", "cheap-recompute")
 WORKLOADS: tuple[str, ...] = ("trace", "swe", "toy")
 DEFAULT_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0)
 QUICK_FACTORS: tuple[float, ...] = (1.0, 3.0)
-PARITY_POLICY = Path(__file__).resolve().parents[2] / "policies" / "thunderagent.yaml"
 TRACE_SYSTEM_TOKENS = 1000  # shared system prompt assumed when replaying the trace
 SAMPLE_AGENTS = 256  # synthetic plans sampled to size the capacity
 BUILTIN_LOG_FILTER = "info,thunderagent=debug"  # the builtin's state-change lines are debug
@@ -194,7 +195,7 @@ def parse_arm(
     if text not in ARM_BASES:
         raise ValueError(f"unknown arm {text!r}; choose from {', '.join(ARM_BASES)}")
     if text == "ours":
-        return ArmSpec("ours", "ours", ours_policy)
+        return ArmSpec("ours", "ours", ours_policy or EXTENDED_POLICY)
     if text == "builtin":
         return ArmSpec("builtin", "builtin", builtin_policy or PARITY_POLICY)
     return ArmSpec(text, text)
@@ -1341,7 +1342,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--arm-policy", action="append", default=[], metavar="LABEL=PATH",
       help="add an ablation arm ours:LABEL running our router with PATH (repeatable)")
     a("--policy", type=Path, default=None,
-      help="router-policy YAML of arm ours (default policies/thunderagent.yaml)")
+      help="router-policy YAML of arm ours (default policies/thunderagent-extended.yaml)")
     a("--builtin-policy", type=Path, default=None,
       help="router-policy YAML of arm builtin (default policies/thunderagent.yaml)")
     a("--repeats", type=int, default=None, help="repeats of every arm x N (default 3; quick 1)")
