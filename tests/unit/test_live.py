@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from dynamo_thunderagent.bench import live
+from dynamo_thunderagent.bench import live, live_report, live_sweep
 from dynamo_thunderagent.bench.driver import RunResult, TurnRecord
 from dynamo_thunderagent.bench.metrics import summarize
 from dynamo_thunderagent.bench.runner import ArmResult
 from dynamo_thunderagent.bench.workload import AgentPlan, TurnPlan
 from dynamo_thunderagent.cli import build_parser
+from dynamo_thunderagent.policy_files import PARITY_POLICY
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = REPO / "policies" / "thunderagent.yaml"
@@ -26,15 +27,15 @@ POLICY = REPO / "policies" / "thunderagent.yaml"
 
 
 def test_parse_arm_bases_and_ablations(tmp_path: Path) -> None:
-    assert live.parse_arm("stock") == live.ArmSpec("stock", "stock", None)
-    assert live.parse_arm("ours", ours_policy=POLICY).policy == POLICY
-    assert live.parse_arm("builtin").policy == live.PARITY_POLICY
-    spec = live.parse_arm(f"ours:parity={POLICY}")
+    assert live_sweep.parse_arm("stock") == live_sweep.ArmSpec("stock", "stock", None)
+    assert live_sweep.parse_arm("ours", ours_policy=POLICY).policy == POLICY
+    assert live_sweep.parse_arm("builtin").policy == PARITY_POLICY
+    spec = live_sweep.parse_arm(f"ours:parity={POLICY}")
     assert (spec.label, spec.base, spec.policy) == ("ours:parity", "ours", POLICY)
-    assert live.parse_arm(f"builtin:x={POLICY}").base == "builtin"
+    assert live_sweep.parse_arm(f"builtin:x={POLICY}").base == "builtin"
     for bad in ("vllm", "stock:x=y", "ours:=p.yaml", "ours:lab", "ours:a b=p.yaml"):
         with pytest.raises(ValueError):
-            live.parse_arm(bad)
+            live_sweep.parse_arm(bad)
 
 
 def test_parse_arms_adds_arm_policies_and_checks_them(tmp_path: Path) -> None:
@@ -62,30 +63,30 @@ def _plan(turns: int = 5, sid: str = "a") -> AgentPlan:
 def test_start_at_keeps_prompt_sizes_of_the_remaining_turns() -> None:
     plan = _plan(6)
     for k in range(6):
-        joined = live.start_at(plan, k)
+        joined = live_sweep.start_at(plan, k)
         assert len(joined.turns) == 6 - k
         for j in range(len(joined.turns)):
             assert joined.prompt_tokens(j) == plan.prompt_tokens(k + j)
         assert joined.peak_context_tokens == plan.peak_context_tokens
-    assert live.start_at(plan, 0) is plan
-    assert live.start_at(plan, 3).session_id == "a@3"
+    assert live_sweep.start_at(plan, 0) is plan
+    assert live_sweep.start_at(plan, 3).session_id == "a@3"
     with pytest.raises(ValueError):
-        live.start_at(plan, 6)
+        live_sweep.start_at(plan, 6)
 
 
 def test_warm_start_only_touches_the_first_agents_and_is_seeded() -> None:
     plans = [_plan(8, f"s{i}") for i in range(10)]
-    one = list(live.warm_start(iter(plans), 4, seed=1))
-    two = list(live.warm_start(iter(plans), 4, seed=1))
+    one = list(live_sweep.warm_start(iter(plans), 4, seed=1))
+    two = list(live_sweep.warm_start(iter(plans), 4, seed=1))
     assert one == two
     assert one[4:] == plans[4:]
     assert all(p.session_id.startswith(f"s{i}") for i, p in enumerate(one))
 
 
 def test_with_overhead_adds_to_every_tool_gap_but_the_last() -> None:
-    plan = live.with_overhead(_plan(3), 0.25)
+    plan = live_sweep.with_overhead(_plan(3), 0.25)
     assert [t.tool_seconds for t in plan.turns] == [0.75, 0.75, 0.0]
-    assert live.with_overhead(_plan(3), 0.0) == _plan(3)
+    assert live_sweep.with_overhead(_plan(3), 0.0) == _plan(3)
 
 
 def test_run_plans_calibrated_trace_is_scaled_like_real_agents() -> None:
@@ -103,7 +104,8 @@ def test_run_plans_calibrated_trace_is_scaled_like_real_agents() -> None:
 
 
 def test_plan_sweep_fixes_capacity_for_the_largest_n() -> None:
-    shape = live.WorkloadShape(mean_peak_tokens=1000.0, max_peak_tokens=2000, sampled_agents=9)
+    shape = live_sweep.WorkloadShape(mean_peak_tokens=1000.0, max_peak_tokens=2000,
+                                     sampled_agents=9)
     sweep = live.plan_sweep(shape, max_agents=24, factors=(0.5, 1, 2, 3), num_workers=2,
                             block_size=16)  # fmt: skip
     assert sweep.agents == (4, 8, 16, 24)
@@ -115,7 +117,8 @@ def test_plan_sweep_fixes_capacity_for_the_largest_n() -> None:
 
 
 def test_plan_sweep_keeps_the_largest_program_on_one_worker() -> None:
-    shape = live.WorkloadShape(mean_peak_tokens=1000.0, max_peak_tokens=8000, sampled_agents=9)
+    shape = live_sweep.WorkloadShape(mean_peak_tokens=1000.0, max_peak_tokens=8000,
+                                     sampled_agents=9)
     sweep = live.plan_sweep(shape, max_agents=6, factors=(1, 3), num_workers=2, block_size=16)
     assert sweep.num_gpu_blocks == 500
     assert sweep.note is not None and "fits one worker" in sweep.note
@@ -123,7 +126,7 @@ def test_plan_sweep_keeps_the_largest_program_on_one_worker() -> None:
 
 
 def test_plan_sweep_explicit_agents_and_blocks() -> None:
-    shape = live.WorkloadShape(mean_peak_tokens=1000.0, max_peak_tokens=900, sampled_agents=9)
+    shape = live_sweep.WorkloadShape(mean_peak_tokens=1000.0, max_peak_tokens=900, sampled_agents=9)
     sweep = live.plan_sweep(shape, max_agents=24, agents=[12, 3, 3], num_gpu_blocks=100)
     assert sweep.agents == (3, 12)
     assert sweep.capacity_tokens == 100 * 16 * 2
@@ -162,12 +165,12 @@ def test_interleave_rotates_the_arms_and_covers_every_cell() -> None:
 
 def test_time_weighted_step_function() -> None:
     samples = [(1.0, 2.0), (3.0, 4.0), (6.0, 0.0)]
-    mean, peak = live.time_weighted(samples, 0.0, 8.0)
+    mean, peak = live_report.time_weighted(samples, 0.0, 8.0)
     assert mean == pytest.approx((0 * 1 + 2 * 2 + 4 * 3 + 0 * 2) / 8)
     assert peak == 4.0
-    assert live.time_weighted(samples, 4.0, 5.0) == (4.0, 4.0)
-    assert live.time_weighted([], 0.0, 2.0) == (0.0, 0.0)
-    assert live.time_weighted(samples, 2.0, 2.0) == (None, None)
+    assert live_report.time_weighted(samples, 4.0, 5.0) == (4.0, 4.0)
+    assert live_report.time_weighted([], 0.0, 2.0) == (0.0, 0.0)
+    assert live_report.time_weighted(samples, 2.0, 2.0) == (None, None)
 
 
 def test_parse_python_router_log() -> None:
@@ -181,7 +184,7 @@ def test_parse_python_router_log() -> None:
         "2026-11-30T09:43:17.808460Z  INFO router: thunderagent.program resumed program=a "
         "worker=3 dp_rank=0 tokens=5 paused=1",
     ])  # fmt: skip
-    parsed = live.parse_python_router_log(text)
+    parsed = live_report.parse_python_router_log(text)
     assert (parsed["pauses"], parsed["resumes"]) == (2, 1)
     assert [v for _, v in parsed["samples"]] == [1.0, 2.0, 1.0]
     assert parsed["samples"][2][0] - parsed["samples"][0][0] == pytest.approx(9.208421)
@@ -197,10 +200,10 @@ def test_parse_builtin_log() -> None:
         "2026-11-30T09:45:54.0Z  WARN thunderagent: ThunderAgent deferral timeout forced program "
         "resumes forced_resumes=3",
     ])  # fmt: skip
-    parsed = live.parse_builtin_log(text)
+    parsed = live_report.parse_builtin_log(text)
     assert parsed["seen"] and parsed["forced_resumes"] == 3
     assert [v for _, v in parsed["samples"]] == [8.0, 10.0]
-    assert live.parse_builtin_log("nothing here")["seen"] is False
+    assert live_report.parse_builtin_log("nothing here")["seen"] is False
 
 
 # ----- rows, aggregation, report -----------------------------------------------------------
@@ -221,7 +224,7 @@ def test_steady_figures_window_and_censoring() -> None:
         _rec("d", 0, 3.0, 4.0, error="APIError: x", error_type="APIError"),
         _rec("e", 0, 9.0, 11.0, cached=100),  # ends after the window: latency only
     ]
-    steady = live.steady_figures(records, 2.0, 10.0)
+    steady = live_report.steady_figures(records, 2.0, 10.0)
     assert steady["hit_rate"] == pytest.approx(140 / 200)
     assert steady["latencies"] == [1.0, 2.0, 2.5, 8.0]
     assert steady["latency_censored"] == 1
@@ -251,7 +254,7 @@ def test_make_row_has_every_figure() -> None:
     sched = {"pauses": 3, "resumes": 2, "moves": 1, "admission_wait_max_s": 4.0,
              "paused_mean": 1.5, "rejected": 0, "state_error": None}  # fmt: skip
     row = _row("ours", 8, 0, 6, scheduler=sched)
-    for name in live.ROW_METRICS:
+    for name in live_report.ROW_METRICS:
         assert name in row
     assert row["steps_per_min"] == pytest.approx(6 / (9 / 60))
     assert row["hit_rate"] == pytest.approx(0.8)
@@ -267,7 +270,7 @@ def test_aggregate_cell_mean_min_max_and_failures() -> None:
     rows[1]["errors"] = 2
     rows[2]["admission_wait_max_s"] = 7.0
     rows.append(_row("stock", 8, 3, 0, error="StackError: boom"))
-    cell = live.aggregate_cell(rows)
+    cell = live_report.aggregate_cell(rows)
     assert (cell["runs"], cell["failed_runs"]) == (4, 1)
     assert cell["run_errors"] == ["StackError: boom"]
     spread = cell["spread"]["steps_per_min"]
@@ -278,7 +281,7 @@ def test_aggregate_cell_mean_min_max_and_failures() -> None:
     assert cell["admission_wait_max_s"] == 7.0  # max of the runs that have it
     assert cell["pauses"] is None  # no run measured it
     with pytest.raises(ValueError):
-        live.aggregate_cell([])
+        live_report.aggregate_cell([])
 
 
 def _rows() -> list[dict[str, Any]]:
@@ -291,7 +294,7 @@ def _rows() -> list[dict[str, Any]]:
 
 
 def test_aggregate_ratios_to_stock() -> None:
-    cells = live.aggregate(_rows())
+    cells = live_report.aggregate(_rows())
     assert list(cells) == ["calibrated"]
     assert list(cells["calibrated"]) == ["stock", "ours"]
     assert cells["calibrated"]["ours"][8]["steps_per_min_vs_stock"] == pytest.approx(12 / 8)

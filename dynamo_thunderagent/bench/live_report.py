@@ -1,0 +1,570 @@
+"""``bench live``: scheduler figures per arm, per-run rows, aggregation and markdown (pure).
+
+See :mod:`dynamo_thunderagent.bench.live` for the definitions of the figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dynamo_thunderagent.bench.live_sweep import RunKey
+from dynamo_thunderagent.bench.metrics import percentile
+from dynamo_thunderagent.bench.runner import (
+    ArmResult,
+    get_json,
+    scheduler_figures,
+)
+from dynamo_thunderagent.bench.workload import (
+    ToolTimeComponent,
+    WorkloadSpec,
+)
+
+if TYPE_CHECKING:
+    from dynamo_thunderagent.bench.driver import RunResult
+    from dynamo_thunderagent.stack.launcher import LocalStack
+
+SCHEMA = "dynamo-thunderagent/bench-live/v1"
+ARM_BASES: tuple[str, ...] = ("stock", "builtin", "dynamo-python", "ours")
+DEFAULT_ARMS: tuple[str, ...] = ARM_BASES
+QUICK_ARMS: tuple[str, ...] = ("stock", "ours")
+REGIME_NAMES: tuple[str, ...] = ("calibrated", "cheap-recompute")
+WORKLOADS: tuple[str, ...] = ("trace", "swe", "toy")
+DEFAULT_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0)
+QUICK_FACTORS: tuple[float, ...] = (1.0, 3.0)
+TRACE_SYSTEM_TOKENS = 1000  # shared system prompt assumed when replaying the trace
+SAMPLE_AGENTS = 256  # synthetic plans sampled to size the capacity
+BUILTIN_LOG_FILTER = "info,thunderagent=debug"  # the builtin's state-change lines are debug
+
+# The "measured here" agents of workload.md (and the simulator's cheap-recompute preset).
+TOY_SPEC = WorkloadSpec(
+    turns=(10, 20),
+    system_prompt_tokens=500,
+    first_turn_tokens=(200, 800),
+    tool_output_tokens=(100, 300),
+    output_tokens=(32, 64),
+    tool_time=(
+        ToolTimeComponent(weight=1.0, kind="lognormal", scale=0.5, shape=0.8, cap_seconds=60.0),
+    ),
+    session_prefix="toy",
+)
+SWE_SPEC = WorkloadSpec(session_prefix="swe")
+
+
+
+
+# ============================================================================================
+# Observers: scheduler figures per arm
+# ============================================================================================
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z")
+_PY_EVENT = re.compile(r"thunderagent\.program (paused|resumed) .*\bpaused=(\d+)")
+_BUILTIN_STATE = re.compile(r"ThunderAgent scheduler state changed .*\bpaused_programs=(\d+)")
+_BUILTIN_FORCED = re.compile(r"forced program resumes .*\bforced_resumes=(\d+)")
+
+
+def _log_time(line: str) -> float | None:
+    match = _TS.match(line)
+    if match is None:
+        return None
+    stamp = dt.datetime.fromisoformat(match.group(1)).replace(tzinfo=dt.timezone.utc)
+    return stamp.timestamp()
+
+
+def time_weighted(samples: Sequence[tuple[float, float]], start: float, stop: float,
+                  initial: float = 0.0) -> tuple[float | None, float | None]:  # fmt: skip
+    """(mean, max) of a step function over ``[start, stop)``.
+
+    ``samples``: ``(time, value)`` changes in time order; the value before the first sample
+    is ``initial``. None, None for an empty interval.
+    """
+    if stop <= start:
+        return None, None
+    value = initial
+    for t, v in samples:
+        if t > start:
+            break
+        value = v
+    area = 0.0
+    peak = value
+    cursor = start
+    for t, v in samples:
+        if t <= start:
+            continue
+        if t >= stop:
+            break
+        area += value * (t - cursor)
+        cursor, value = t, v
+        peak = max(peak, value)
+    area += value * (stop - cursor)
+    return area / (stop - start), peak
+
+
+def parse_python_router_log(text: str) -> dict[str, Any]:
+    """Pauses, resumes and the paused-count samples of ``dynamo.thunderagent_router``'s log."""
+    pauses = resumes = 0
+    samples: list[tuple[float, float]] = []
+    for raw in text.splitlines():
+        line = _ANSI.sub("", raw)
+        match = _PY_EVENT.search(line)
+        if match is None:
+            continue
+        if match.group(1) == "paused":
+            pauses += 1
+        else:
+            resumes += 1
+        when = _log_time(line)
+        if when is not None:
+            samples.append((when, float(match.group(2))))
+    return {"pauses": pauses, "resumes": resumes, "samples": samples}
+
+
+def parse_builtin_log(text: str) -> dict[str, Any]:
+    """Paused-count samples and forced resumes of Dynamo's builtin ThunderAgent (debug log)."""
+    samples: list[tuple[float, float]] = []
+    forced = 0
+    seen = False
+    for raw in text.splitlines():
+        line = _ANSI.sub("", raw)
+        match = _BUILTIN_STATE.search(line)
+        if match is not None:
+            seen = True
+            when = _log_time(line)
+            if when is not None:
+                samples.append((when, float(match.group(1))))
+            continue
+        forced_match = _BUILTIN_FORCED.search(line)
+        if forced_match is not None:
+            forced = max(forced, int(forced_match.group(1)))
+    return {"samples": samples, "forced_resumes": forced, "seen": seen}
+
+
+EMPTY_FIGURES: dict[str, Any] = {
+    "pauses": None,
+    "resumes": None,
+    "moves": None,
+    "forced_resumes": None,
+    "paused_mean": None,
+    "paused_max": None,
+    "admission_wait_p50_s": None,
+    "admission_wait_p99_s": None,
+    "admission_wait_max_s": None,
+}
+
+
+class Observer:
+    """Collects an arm's scheduler figures (see the module docstring for what each arm has).
+
+    ``window``: the steady window ``(warmup_s, window_s)`` relative to the run's start.
+    """
+
+    def __init__(self, base: str, window: tuple[float, float], poll_s: float = 1.0) -> None:
+        self.base = base
+        self.window = window
+        self.poll_s = poll_s
+        self.t0 = 0.0
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._log_offsets: dict[str, int] = {}
+
+    def start(self, stack: LocalStack) -> None:
+        self.t0 = time.time()
+        for proc in stack.processes:
+            with contextlib.suppress(OSError):
+                self._log_offsets[proc.name] = proc.log_path.stat().st_size
+        if self.base == "ours" and stack.state_url is not None:
+            url = stack.state_url
+            self._thread = threading.Thread(target=self._poll, args=(url,), daemon=True)
+            self._thread.start()
+
+    def _poll(self, url: str) -> None:
+        while not self._stop.is_set():
+            state = get_json(url, timeout=2.0)
+            if state is not None:
+                paused = (state.get("scheduler") or {}).get("paused")
+                if isinstance(paused, int):
+                    self.samples.append((time.time(), float(paused)))
+            self._stop.wait(self.poll_s)
+
+    def _log(self, stack: LocalStack, role: str) -> str:
+        for proc in stack.processes:
+            if proc.role == role:
+                with contextlib.suppress(OSError), proc.log_path.open("rb") as fh:
+                    fh.seek(self._log_offsets.get(proc.name, 0))
+                    return fh.read().decode("utf-8", errors="replace")
+        return ""
+
+    def _paused(self, samples: Sequence[tuple[float, float]]) -> tuple[float | None, float | None]:
+        lo, hi = self.window
+        return time_weighted(samples, self.t0 + lo, self.t0 + hi)
+
+    def finish(self, stack: LocalStack, run: RunResult) -> dict[str, Any]:
+        figures = dict(EMPTY_FIGURES)
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5.0)
+        if self.base == "ours":
+            state = get_json(stack.state_url) if stack.state_url else None
+            if state is not None:
+                figures.update(scheduler_figures(state))
+            else:
+                figures["state_error"] = "no /state"
+            figures["paused_mean"], figures["paused_max"] = self._paused(self.samples)
+        elif self.base == "dynamo-python":
+            parsed = parse_python_router_log(self._log(stack, "router"))
+            figures["pauses"], figures["resumes"] = parsed["pauses"], parsed["resumes"]
+            figures["paused_mean"], figures["paused_max"] = self._paused(parsed["samples"])
+        elif self.base == "builtin":
+            parsed = parse_builtin_log(self._log(stack, "frontend"))
+            if parsed["seen"]:
+                figures["forced_resumes"] = parsed["forced_resumes"]
+                figures["paused_mean"], figures["paused_max"] = self._paused(parsed["samples"])
+        return figures
+
+
+# ============================================================================================
+# Per-run rows and aggregation (pure)
+# ============================================================================================
+
+
+def steady_figures(records: Iterable[Any], start: float, stop: float) -> dict[str, Any]:
+    """Steady-window hit rate and turn latency of one run.
+
+    ``hit_rate``: cached / prompt tokens of the successful turns that completed in
+    ``[start, stop)``. Latency: every turn that *started* in ``[start, stop)`` and did not
+    fail; a turn still waiting when the drain ended (``cancelled``) counts with its time so
+    far, a lower bound, so that arms that hold turns back cannot hide their tail by never
+    finishing them (``latency_censored`` counts those).
+    """
+    done = [
+        r for r in records
+        if r.kind == "turn" and r.error is None and not r.cancelled and start <= r.end < stop
+    ]  # fmt: skip
+    prompt = sum(r.prompt_tokens or 0 for r in done if r.prompt_tokens is not None)
+    cached = sum(r.cached_tokens or 0 for r in done if r.prompt_tokens is not None)
+    started = [
+        r for r in records if r.kind == "turn" and r.error is None and start <= r.start < stop
+    ]
+    latencies = sorted(r.end - r.start for r in started)
+    return {
+        "hit_rate": cached / prompt if prompt else None,
+        "latency_p50_s": percentile(latencies, 0.5),
+        "latency_p99_s": percentile(latencies, 0.99),
+        "latency_censored": sum(1 for r in started if r.cancelled),
+        "latencies": latencies,
+    }
+
+
+ROW_METRICS: tuple[str, ...] = (
+    "steps_per_min", "hit_rate", "hit_rate_all", "recomputed_tokens", "recomputed_fraction",
+    "latency_p50_s", "latency_p99_s", "admission_wait_p50_s", "admission_wait_p99_s",
+    "admission_wait_max_s", "pauses", "resumes", "moves", "forced_resumes", "paused_mean",
+    "paused_max", "errors", "cancelled", "turns_ok", "steady_turns", "agents_completed",
+    "latency_censored",
+)  # fmt: skip
+# How a cell's headline value combines its repeats (default: mean).
+SUMMED = frozenset({"errors"})
+MAXED = frozenset({"admission_wait_max_s", "paused_max"})
+
+
+def make_row(
+    key: RunKey, result: ArmResult, *, pressure: float, warmup_s: float, window_s: float
+) -> dict[str, Any]:
+    """The JSON row of one run: its key, metrics (steady-window hit rate and latency),
+    scheduler figures and steady-window turn latencies (ms resolution)."""
+    row: dict[str, Any] = {
+        "regime": key.regime, "repeat": key.repeat, "agents": key.agents, "arm": key.arm,
+        "index": key.index, "position": key.position, "pressure": round(pressure, 3),
+        "elapsed_s": round(result.elapsed_s, 2), "agents_started": result.agents_started,
+        "error": result.error,
+    }  # fmt: skip
+    for name in ROW_METRICS:
+        row[name] = None
+    row["errors_by_type"] = {}
+    row["turn_latencies_s"] = []
+    if result.metrics is not None:
+        m = result.metrics.to_dict()
+        for name in ROW_METRICS:
+            if name in m:
+                row[name] = m[name]
+        row["hit_rate_all"] = m["hit_rate"]
+        row["errors_by_type"] = m["errors_by_type"]
+    if result.run is not None:
+        steady = steady_figures(result.run.records, warmup_s, window_s)
+        row["hit_rate"] = steady["hit_rate"]
+        row["latency_p50_s"] = steady["latency_p50_s"]
+        row["latency_p99_s"] = steady["latency_p99_s"]
+        row["latency_censored"] = steady["latency_censored"]
+        row["turn_latencies_s"] = [round(x, 3) for x in steady["latencies"]]
+    for name, value in result.scheduler.items():
+        if name in ROW_METRICS and row.get(name) is None:
+            row[name] = value
+    row["scheduler"] = dict(result.scheduler)
+    return row
+
+
+def _combine(name: str, values: list[float]) -> float:
+    if name in SUMMED:
+        return float(sum(values))
+    if name in MAXED:
+        return max(values)
+    return sum(values) / len(values)
+
+
+def aggregate_cell(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One arm x N cell over its repeats.
+
+    Headline values: the mean over the runs that reported the figure (``errors``: the sum;
+    ``admission_wait_max_s`` and ``paused_max``: the max); None when no run did. ``spread``
+    holds mean, min, max and the values per figure. Failed runs (an ``error``) count in
+    ``failed_runs`` and contribute no figures.
+    """
+    if not rows:
+        raise ValueError("aggregate_cell needs at least one row")
+    ok = [r for r in rows if r.get("error") is None]
+    cell: dict[str, Any] = {
+        "arm": rows[0]["arm"],
+        "agents": rows[0]["agents"],
+        "pressure": rows[0].get("pressure"),
+        "runs": len(rows),
+        "failed_runs": len(rows) - len(ok),
+        "run_errors": [r["error"] for r in rows if r.get("error") is not None],
+    }
+    spread: dict[str, dict[str, Any]] = {}
+    for name in ROW_METRICS:
+        values = [float(r[name]) for r in ok if r.get(name) is not None]
+        if not values:
+            cell[name] = None
+            continue
+        cell[name] = _combine(name, values)
+        spread[name] = {
+            "mean": sum(values) / len(values),
+            "min": min(values),
+            "max": max(values),
+            "values": values,
+        }
+    cell["spread"] = spread
+    return cell
+
+
+def aggregate(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[int, dict[str, Any]]]]:
+    """``{regime: {arm: {N: cell}}}`` (arms and N in first-seen order); ratios to ``stock``
+    (``steps_per_min_vs_stock``) where stock has a value at the same N."""
+    grouped: dict[str, dict[str, dict[int, list[Mapping[str, Any]]]]] = {}
+    for row in rows:
+        grouped.setdefault(row["regime"], {}).setdefault(row["arm"], {}).setdefault(
+            int(row["agents"]), []
+        ).append(row)
+    out: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
+    for regime, arms in grouped.items():
+        cells = {
+            arm: {n: aggregate_cell(rs) for n, rs in sorted(by_n.items())}
+            for arm, by_n in arms.items()
+        }
+        stock = cells.get("stock", {})
+        for by_n in cells.values():
+            for n, cell in by_n.items():
+                base = stock.get(n, {}).get("steps_per_min")
+                value = cell.get("steps_per_min")
+                cell["steps_per_min_vs_stock"] = (
+                    value / base if value is not None and base else None
+                )
+        out[regime] = cells
+    return out
+
+
+def build_report(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    config: Mapping[str, Any],
+    arm_order: Sequence[str],
+    regime_order: Sequence[str],
+    agents: Mapping[str, Sequence[int]],
+    meta: Mapping[str, Any] | None = None,
+    include_samples: bool = True,
+) -> dict[str, Any]:
+    """The report: config, per-regime aggregates, the first regime's arms at top level, runs.
+
+    ``report["regimes"][regime]["arms"][arm]`` is the arm's cell at the regime's largest N
+    plus ``by_n`` (``{str(N): cell}``); ``report["arms"]`` is the same for the first regime
+    (named by ``report["regime"]``). ``include_samples=False`` drops the per-run latency
+    samples from ``runs``.
+    """
+    cells = aggregate(rows)
+    regimes: dict[str, Any] = {}
+    for regime in regime_order:
+        counts = list(agents.get(regime, ()))
+        largest = counts[-1] if counts else None
+        arms_out: dict[str, Any] = {}
+        for arm in arm_order:
+            by_n = cells.get(regime, {}).get(arm, {})
+            if not by_n:
+                continue
+            top = by_n.get(largest) if largest is not None else None
+            entry: dict[str, Any] = dict(top) if top is not None else {"agents": largest}
+            entry["by_n"] = {str(n): c for n, c in by_n.items()}
+            arms_out[arm] = entry
+        regimes[regime] = {"agents": counts, "largest_agents": largest, "arms": arms_out}
+    first = regime_order[0] if regime_order else None
+    runs = [dict(r) for r in rows]
+    if not include_samples:
+        for r in runs:
+            r.pop("turn_latencies_s", None)
+    failures = [
+        {k: r.get(k) for k in ("regime", "repeat", "agents", "arm", "error")}
+        for r in rows if r.get("error") is not None
+    ]  # fmt: skip
+    return {
+        "schema": SCHEMA,
+        **(dict(meta) if meta else {}),
+        "config": dict(config),
+        "regime": first,
+        "arms": regimes[first]["arms"] if first is not None else {},
+        "regimes": regimes,
+        "failures": failures,
+        "total_errors": sum(int(r.get("errors") or 0) for r in rows),
+        "runs": runs,
+    }
+
+
+# ============================================================================================
+# Markdown
+# ============================================================================================
+
+
+def _f(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _spread_cell(cell: Mapping[str, Any] | None, name: str, spec: str) -> str:
+    if cell is None:
+        return "not run"
+    if cell.get(name) is None:
+        failed = cell.get("failed_runs")
+        return f"failed ({failed}/{cell['runs']} runs)" if failed else "-"
+    s = cell.get("spread", {}).get(name)
+    text = format(cell[name], spec)
+    if s and len(s["values"]) > 1:
+        text += f" ({format(s['min'], spec)}-{format(s['max'], spec)})"
+    if cell.get("failed_runs"):
+        text += f" [{cell['failed_runs']}/{cell['runs']} runs failed]"
+    return text
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    """Markdown tables per regime: steps/min and hit rate vs N (mean, min-max over repeats),
+    steps/min relative to stock, and every figure at the largest N."""
+    config = report.get("config", {})
+    out: list[str] = []
+    for regime, data in report.get("regimes", {}).items():
+        failures = [f for f in report.get("failures", []) if f.get("regime") == regime]
+        out += _regime_markdown(regime, data, config, failures)
+    out.append(
+        "Means over repeats (errors: summed; admission wait max and paused max: the max); "
+        "counts (pauses, recomputed tokens) are per run. '-' = not measurable for that arm "
+        "(stock has no admission control; builtin exposes no counters; moves and admission "
+        "wait are measured by our router only)."
+    )
+    return "\n".join(out) + "\n"
+
+
+def _regime_markdown(
+    regime: str, data: Mapping[str, Any], config: Mapping[str, Any],
+    failures: Sequence[Mapping[str, Any]],
+) -> list[str]:  # fmt: skip
+    counts: list[int] = list(data.get("agents", []))
+    arms: Mapping[str, Any] = data.get("arms", {})
+    rc = config.get("regimes", {}).get(regime, {})
+    sweep = rc.get("sweep", {})
+    setup = rc.get("setup", {})
+    pressures = dict(zip(sweep.get("agents", []), sweep.get("pressures", []), strict=False))
+    out = [f"### Regime `{regime}`", ""]
+    if setup:
+        out.append(
+            f"Workload `{setup.get('workload')}` (token scale {setup.get('token_scale')}, "
+            f"time scale {setup.get('time_scale')}); {config.get('workers')} mocker workers x "
+            f"{sweep.get('num_gpu_blocks')} blocks x {config.get('block_size')} tokens = "
+            f"{sweep.get('capacity_tokens', 0):,} KV tokens; mean peak context "
+            f"{sweep.get('mean_peak_tokens')} tokens; window {config.get('window_s')} s "
+            f"(steady after {config.get('warmup_s')} s); {config.get('repeats')} repeat(s), "
+            "arms interleaved."
+        )
+        out.append("")
+
+    def head(title: str) -> list[str]:
+        cols = [f"N={n} ({pressures.get(n, 0):.1f}x)" for n in counts]
+        return [title, "", "| arm | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+
+    def by_n(arm: str) -> dict[str, Any]:
+        result: dict[str, Any] = arms.get(arm, {}).get("by_n", {})
+        return result
+
+    out += head("Steps/min (mean over repeats, min-max in brackets):")
+    for arm in arms:
+        cells = [_spread_cell(by_n(arm).get(str(n)), "steps_per_min", ".0f") for n in counts]
+        out.append(f"| {arm} | " + " | ".join(cells) + " |")
+    out.append("")
+    if "stock" in arms and len(arms) > 1:
+        out += head("Steps/min relative to stock (ratio of means):")
+        for arm in arms:
+            ratios = [(by_n(arm).get(str(n)) or {}).get("steps_per_min_vs_stock") for n in counts]
+            cells = ["-" if r is None else f"{r:.2f}x" for r in ratios]
+            out.append(f"| {arm} | " + " | ".join(cells) + " |")
+        out.append("")
+    out += head("Prefix-cache hit rate (steady window):")
+    for arm in arms:
+        cells = [_spread_cell(by_n(arm).get(str(n)), "hit_rate", ".2f") for n in counts]
+        out.append(f"| {arm} | " + " | ".join(cells) + " |")
+    out.append("")
+    if counts:
+        n = counts[-1]
+        out += [
+            f"At N={n} ({pressures.get(n, 0):.1f}x capacity):",
+            "",
+            "| arm | steps/min | vs stock | hit rate | recomputed tokens | turn p50 / p99 (s) "
+            "| admission wait p50 / p99 / max (s) | paused (mean / max) "
+            "| pauses / resumes / moves | errors | failed runs |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for arm in arms:
+            c = by_n(arm).get(str(n))
+            if c is None:
+                out.append(f"| {arm} | not run |" + " |" * 9)
+                continue
+            out.append(_largest_row(arm, c))
+        out.append("")
+    for f in failures:
+        out.append(
+            f"- failed: {f['arm']} at N={f['agents']} (repeat {f['repeat'] + 1}): {f['error']}"
+        )
+    if failures:
+        out.append("")
+    return out
+
+
+def _largest_row(arm: str, c: Mapping[str, Any]) -> str:
+    ratio = c.get("steps_per_min_vs_stock")
+    cells = [
+        arm,
+        _spread_cell(c, "steps_per_min", ".0f"),
+        "-" if ratio is None else f"{ratio:.2f}x",
+        _f(c.get("hit_rate"), ".3f"),
+        _f(c.get("recomputed_tokens"), ",.0f"),
+        f"{_f(c.get('latency_p50_s'), '.2f')} / {_f(c.get('latency_p99_s'), '.2f')}",
+        " / ".join(_f(c.get(k), ".2f") for k in (
+            "admission_wait_p50_s", "admission_wait_p99_s", "admission_wait_max_s")),
+        f"{_f(c.get('paused_mean'), '.1f')} / {_f(c.get('paused_max'), '.0f')}",
+        " / ".join(_f(c.get(k), ".0f") for k in ("pauses", "resumes", "moves")),
+        _f(c.get("errors"), ".0f"),
+        str(c.get("failed_runs", 0)),
+    ]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+

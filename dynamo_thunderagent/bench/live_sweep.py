@@ -1,0 +1,421 @@
+"""``bench live``: the arms, the regimes' workloads, and the sweep plan (pure).
+
+See :mod:`dynamo_thunderagent.bench.live` for what the harness does and how the sweep is
+sized; this module holds the parts that decide *what* runs, without running anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import random
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dynamo_thunderagent.bench.workload import (
+    DEFAULT_TRACE,
+    AgentPlan,
+    ToolTimeComponent,
+    WorkloadSpec,
+    agent_stream,
+    load_trace,
+    replay_stream,
+)
+from dynamo_thunderagent.policy_files import EXTENDED_POLICY, PARITY_POLICY
+
+if TYPE_CHECKING:
+    pass
+
+SCHEMA = "dynamo-thunderagent/bench-live/v1"
+ARM_BASES: tuple[str, ...] = ("stock", "builtin", "dynamo-python", "ours")
+DEFAULT_ARMS: tuple[str, ...] = ARM_BASES
+QUICK_ARMS: tuple[str, ...] = ("stock", "ours")
+REGIME_NAMES: tuple[str, ...] = ("calibrated", "cheap-recompute")
+WORKLOADS: tuple[str, ...] = ("trace", "swe", "toy")
+DEFAULT_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0)
+QUICK_FACTORS: tuple[float, ...] = (1.0, 3.0)
+TRACE_SYSTEM_TOKENS = 1000  # shared system prompt assumed when replaying the trace
+SAMPLE_AGENTS = 256  # synthetic plans sampled to size the capacity
+BUILTIN_LOG_FILTER = "info,thunderagent=debug"  # the builtin's state-change lines are debug
+
+# The "measured here" agents of workload.md (and the simulator's cheap-recompute preset).
+TOY_SPEC = WorkloadSpec(
+    turns=(10, 20),
+    system_prompt_tokens=500,
+    first_turn_tokens=(200, 800),
+    tool_output_tokens=(100, 300),
+    output_tokens=(32, 64),
+    tool_time=(
+        ToolTimeComponent(weight=1.0, kind="lognormal", scale=0.5, shape=0.8, cap_seconds=60.0),
+    ),
+    session_prefix="toy",
+)
+SWE_SPEC = WorkloadSpec(session_prefix="swe")
+
+
+
+
+def relative_path(path: Path | None) -> str | None:
+    """``path`` relative to the working directory when it is below it (for reports)."""
+    if path is None:
+        return None
+    with contextlib.suppress(ValueError):
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    return str(path)
+
+
+# ============================================================================================
+# Arms
+# ============================================================================================
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """An arm of the comparison: a LocalStack arm, a display label, a policy file."""
+
+    label: str
+    base: str
+    policy: Path | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"label": self.label, "base": self.base, "policy": relative_path(self.policy)}
+
+
+def parse_arm(
+    text: str, *, ours_policy: Path | None = None, builtin_policy: Path | None = None
+) -> ArmSpec:
+    """``stock`` | ``builtin`` | ``dynamo-python`` | ``ours`` | ``<base>:<label>=<policy>``.
+
+    A labelled arm (base ``ours`` or ``builtin``) runs with its own policy file and is named
+    ``<base>:<label>``. Raises ValueError naming what is wrong.
+    """
+    text = text.strip()
+    if ":" in text:
+        base, _, rest = text.partition(":")
+        label, eq, path = rest.partition("=")
+        if base not in ("ours", "builtin") or not eq or not label.strip() or not path.strip():
+            raise ValueError(
+                f"arm {text!r}: an ablation arm is ours:<label>=<policy.yaml> "
+                "(or builtin:<label>=<policy.yaml>)"
+            )
+        if not re.fullmatch(r"[A-Za-z0-9_.+-]+", label.strip()):
+            raise ValueError(f"arm {text!r}: label may use letters, digits and _.+- only")
+        return ArmSpec(f"{base}:{label.strip()}", base, Path(path.strip()))
+    if text not in ARM_BASES:
+        raise ValueError(f"unknown arm {text!r}; choose from {', '.join(ARM_BASES)}")
+    if text == "ours":
+        return ArmSpec("ours", "ours", ours_policy or EXTENDED_POLICY)
+    if text == "builtin":
+        return ArmSpec("builtin", "builtin", builtin_policy or PARITY_POLICY)
+    return ArmSpec(text, text)
+
+
+def parse_arms(
+    arms: str,
+    arm_policies: Sequence[str] = (),
+    *,
+    ours_policy: Path | None = None,
+    builtin_policy: Path | None = None,
+) -> list[ArmSpec]:
+    """The arms of ``--arms`` (comma-separated) then one ``ours:<label>`` per ``--arm-policy
+    label=path``; labels must be unique and policy files must exist."""
+    specs = [
+        parse_arm(a, ours_policy=ours_policy, builtin_policy=builtin_policy)
+        for a in arms.split(",")
+        if a.strip()
+    ]
+    for item in arm_policies:
+        specs.append(parse_arm(f"ours:{item}"))
+    if not specs:
+        raise ValueError("--arms: no arm given")
+    labels = [s.label for s in specs]
+    duplicates = sorted({x for x in labels if labels.count(x) > 1})
+    if duplicates:
+        raise ValueError(f"arm labels must be unique, repeated: {', '.join(duplicates)}")
+    for spec in specs:
+        if spec.policy is not None and not spec.policy.is_file():
+            raise ValueError(f"arm {spec.label}: policy file {spec.policy} not found")
+    return specs
+
+
+# ============================================================================================
+# Regimes, workloads and the sweep
+# ============================================================================================
+
+
+@dataclass(frozen=True)
+class RegimeSetup:
+    """How one regime runs: workload, scales, the mocker clock and the sweep's top.
+
+    ``time_scale``: wall seconds per real second (tool sleeps and, in the calibrated regime,
+    the mocker's tables). ``client_overhead_s``: real seconds added to every tool gap.
+    """
+
+    regime: str
+    workload: str
+    token_scale: float
+    time_scale: float
+    speedup_ratio: float
+    client_overhead_s: float
+    max_agents: int
+    trace: Path | None = None
+    system_prompt_tokens: int = TRACE_SYSTEM_TOKENS
+
+    def validate(self) -> None:
+        if self.regime not in REGIME_NAMES:
+            raise ValueError(f"unknown regime {self.regime!r}; choose from {REGIME_NAMES}")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r}; choose from {WORKLOADS}")
+        if not (self.token_scale > 0 and self.time_scale > 0 and self.speedup_ratio > 0):
+            raise ValueError("token_scale, time_scale and speedup_ratio must be > 0")
+        if self.client_overhead_s < 0 or self.max_agents < 1:
+            raise ValueError("client_overhead_s must be >= 0 and max_agents >= 1")
+        if self.workload == "trace" and (self.trace is None or not self.trace.is_file()):
+            raise ValueError(f"trace file {self.trace} not found (use --workload swe)")
+
+    def describe(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["trace"] = relative_path(self.trace)
+        return data
+
+
+def default_setup(regime: str) -> RegimeSetup:
+    """The defaults of a regime (see the module docstring)."""
+    if regime == "calibrated":
+        from dynamo_thunderagent.bench.calibration import DEFAULT_TIMING
+
+        return RegimeSetup(
+            regime="calibrated",
+            workload="trace" if DEFAULT_TRACE.is_file() else "swe",
+            token_scale=0.1,
+            time_scale=0.25,
+            speedup_ratio=1.0,
+            client_overhead_s=DEFAULT_TIMING.request_overhead_s,
+            max_agents=24,
+            trace=DEFAULT_TRACE,
+        )
+    if regime == "cheap-recompute":
+        return RegimeSetup(
+            regime="cheap-recompute",
+            workload="toy",
+            token_scale=1.0,
+            time_scale=1.0,
+            speedup_ratio=1.0,
+            client_overhead_s=0.0,
+            max_agents=30,
+            trace=DEFAULT_TRACE,
+        )
+    raise ValueError(f"unknown regime {regime!r}; choose from {REGIME_NAMES}")
+
+
+def _scaled(spec: WorkloadSpec, setup: RegimeSetup) -> WorkloadSpec:
+    return dataclasses.replace(spec, token_scale=setup.token_scale, time_scale=setup.time_scale)
+
+
+def base_plans(setup: RegimeSetup, seed: int) -> Iterator[AgentPlan]:
+    """The regime's endless agent stream (scaled; client overhead not yet added)."""
+    if setup.workload == "trace":
+        assert setup.trace is not None
+        plans = _trace_plans(setup.trace, setup.token_scale, setup.time_scale,
+                             setup.system_prompt_tokens)  # fmt: skip
+        return replay_stream(plans, seed)
+    spec = TOY_SPEC if setup.workload == "toy" else SWE_SPEC
+    return agent_stream(_scaled(spec, setup), seed)
+
+
+_TRACE_CACHE: dict[tuple[str, float, float, int], list[AgentPlan]] = {}
+
+
+def _trace_plans(path: Path, token_scale: float, time_scale: float, system: int) -> list[AgentPlan]:
+    key = (str(path), token_scale, time_scale, system)
+    if key not in _TRACE_CACHE:
+        _TRACE_CACHE[key] = load_trace(path, token_scale, time_scale, system_prompt_tokens=system)
+    return _TRACE_CACHE[key]
+
+
+def with_overhead(plan: AgentPlan, seconds: float) -> AgentPlan:
+    """``plan`` with ``seconds`` added to every tool gap (not after the last turn)."""
+    if seconds <= 0:
+        return plan
+    last = len(plan.turns) - 1
+    turns = tuple(
+        dataclasses.replace(t, tool_seconds=t.tool_seconds + seconds) if k < last else t
+        for k, t in enumerate(plan.turns)
+    )
+    return dataclasses.replace(plan, turns=turns)
+
+
+def start_at(plan: AgentPlan, turn: int) -> AgentPlan:
+    """``plan`` joined at ``turn``: its first prompt is the whole history up to ``turn``.
+
+    The prompt sizes of the remaining turns are unchanged; the session id gets ``@<turn>``.
+    """
+    if not 0 <= turn < len(plan.turns):
+        raise ValueError(f"turn {turn} out of range for a plan of {len(plan.turns)} turns")
+    if turn == 0:
+        return plan
+    first = dataclasses.replace(
+        plan.turns[turn], new_tokens=plan.prompt_tokens(turn) - plan.system_tokens
+    )
+    return AgentPlan(f"{plan.session_id}@{turn}", plan.system_tokens,
+                     (first, *plan.turns[turn + 1 :]))  # fmt: skip
+
+
+def warm_start(plans: Iterator[AgentPlan], count: int, seed: int) -> Iterator[AgentPlan]:
+    """The first ``count`` plans joined at a seeded uniform turn; the rest unchanged."""
+    rng = random.Random(f"{seed}:warm-start")
+    for index, plan in enumerate(plans):
+        yield start_at(plan, rng.randrange(len(plan.turns))) if index < count else plan
+
+
+def run_plans(setup: RegimeSetup, seed: int, agents: int) -> Iterator[AgentPlan]:
+    """The stream one run replays: base plans, client overhead, warm start of the first N."""
+    overhead = setup.client_overhead_s * setup.time_scale
+    stream = (with_overhead(p, overhead) for p in base_plans(setup, seed))
+    return warm_start(stream, agents, seed)
+
+
+@dataclass(frozen=True)
+class WorkloadShape:
+    """Peak contexts of the workload (mocker tokens), for sizing."""
+
+    mean_peak_tokens: float
+    max_peak_tokens: int
+    sampled_agents: int
+
+
+def workload_shape(setup: RegimeSetup, seed: int) -> WorkloadShape:
+    """Mean and max peak context: every trace session, or the first synthetic agents."""
+    if setup.workload == "trace":
+        assert setup.trace is not None
+        plans = _trace_plans(setup.trace, setup.token_scale, setup.time_scale,
+                             setup.system_prompt_tokens)  # fmt: skip
+    else:
+        plans = list(islice(base_plans(setup, seed), SAMPLE_AGENTS))
+    peaks = [p.peak_context_tokens for p in plans]
+    return WorkloadShape(sum(peaks) / len(peaks), max(peaks), len(peaks))
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """The fixed KV capacity of a regime and its agent counts."""
+
+    agents: tuple[int, ...]
+    pressures: tuple[float, ...]  # N x mean peak / capacity, per agent count
+    num_gpu_blocks: int
+    capacity_tokens: int
+    mean_peak_tokens: float
+    max_peak_tokens: int
+    note: str | None = None
+
+    def pressure_of(self, agents: int) -> float:
+        return self.pressures[self.agents.index(agents)]
+
+    def describe(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["agents"] = list(self.agents)
+        data["pressures"] = [round(p, 3) for p in self.pressures]
+        data["mean_peak_tokens"] = round(self.mean_peak_tokens, 1)
+        return data
+
+
+def plan_sweep(
+    shape: WorkloadShape,
+    *,
+    max_agents: int,
+    factors: Sequence[float] = DEFAULT_FACTORS,
+    agents: Sequence[int] | None = None,
+    num_workers: int = 2,
+    block_size: int = 16,
+    num_gpu_blocks: int | None = None,
+) -> SweepPlan:
+    """Fix the capacity once and derive the agent counts (see the module docstring).
+
+    Capacity: ``max_agents x mean_peak / max(factors)`` tokens over ``num_workers`` workers,
+    rounded up to whole blocks, at least one largest program per worker; ``num_gpu_blocks``
+    overrides it. Agent counts: ``agents`` if given, else ``round(f / max(f) x max_agents)``
+    (at least 1, duplicates dropped), ascending.
+    """
+    if not factors or any(f <= 0 for f in factors):
+        raise ValueError("factors must be a non-empty list of numbers > 0")
+    if max_agents < 1 or num_workers < 1 or block_size < 1:
+        raise ValueError("max_agents, num_workers and block_size must be >= 1")
+    top = max(factors)
+    note = None
+    if num_gpu_blocks is None:
+        wanted = max_agents * shape.mean_peak_tokens / top
+        blocks = math.ceil(wanted / (num_workers * block_size))
+        floor = math.ceil(shape.max_peak_tokens / block_size)
+        if floor > blocks:
+            note = (
+                f"capacity raised from {blocks} to {floor} blocks per worker so that the "
+                f"largest program ({shape.max_peak_tokens} tokens) fits one worker; pressures "
+                "are lower than the factors asked for"
+            )
+            blocks = floor
+    else:
+        if num_gpu_blocks < 1:
+            raise ValueError("num_gpu_blocks must be >= 1")
+        blocks = num_gpu_blocks
+    if agents:
+        counts = sorted({int(a) for a in agents})
+        if counts[0] < 1:
+            raise ValueError("agent counts must be >= 1")
+    else:
+        counts = sorted({max(1, round(f / top * max_agents)) for f in factors})
+    capacity = blocks * block_size * num_workers
+    return SweepPlan(
+        agents=tuple(counts),
+        pressures=tuple(n * shape.mean_peak_tokens / capacity for n in counts),
+        num_gpu_blocks=blocks,
+        capacity_tokens=capacity,
+        mean_peak_tokens=shape.mean_peak_tokens,
+        max_peak_tokens=shape.max_peak_tokens,
+        note=note,
+    )
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """One scheduled run: which regime, repeat, agent count and arm, and where it sits."""
+
+    regime: str
+    repeat: int
+    agents: int
+    arm: str
+    index: int  # position in the whole schedule
+    position: int  # position within its (regime, repeat, N) group
+
+
+def interleave(
+    regimes: Sequence[str],
+    agents: Mapping[str, Sequence[int]],
+    arms: Sequence[str],
+    repeats: int,
+) -> list[RunKey]:
+    """The schedule: for each regime, repeat, N (ascending), every arm once.
+
+    Group ``g`` (counted across the regime's repeats and Ns) runs the arms rotated left by
+    ``g mod len(arms)``, so every arm takes every position equally often and no arm always
+    runs right after the same other arm's stack.
+    """
+    if repeats < 1 or not arms:
+        raise ValueError("need repeats >= 1 and at least one arm")
+    keys: list[RunKey] = []
+    for regime in regimes:
+        group = 0
+        for repeat in range(repeats):
+            for n in agents[regime]:
+                shift = group % len(arms)
+                order = [*arms[shift:], *arms[:shift]]
+                for position, arm in enumerate(order):
+                    keys.append(RunKey(regime, repeat, n, arm, len(keys), position))
+                group += 1
+    return keys
+
+
