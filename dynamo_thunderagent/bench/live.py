@@ -98,7 +98,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from dynamo_thunderagent.bench.live_report import (
     Observer,
@@ -107,6 +107,13 @@ from dynamo_thunderagent.bench.live_report import (
     render_markdown,
 )
 from dynamo_thunderagent.bench.live_sweep import (
+    BUILTIN_LOG_FILTER,
+    DEFAULT_ARMS,
+    DEFAULT_FACTORS,
+    QUICK_ARMS,
+    QUICK_FACTORS,
+    REGIME_NAMES,
+    WORKLOADS,
     ArmSpec,
     RegimeSetup,
     RunKey,
@@ -122,42 +129,6 @@ from dynamo_thunderagent.bench.runner import (
     RunSpec,
     run_stack,
 )
-from dynamo_thunderagent.bench.workload import (
-    ToolTimeComponent,
-    WorkloadSpec,
-)
-
-if TYPE_CHECKING:
-    pass
-
-SCHEMA = "dynamo-thunderagent/bench-live/v1"
-ARM_BASES: tuple[str, ...] = ("stock", "builtin", "dynamo-python", "ours")
-DEFAULT_ARMS: tuple[str, ...] = ARM_BASES
-QUICK_ARMS: tuple[str, ...] = ("stock", "ours")
-REGIME_NAMES: tuple[str, ...] = ("calibrated", "cheap-recompute")
-WORKLOADS: tuple[str, ...] = ("trace", "swe", "toy")
-DEFAULT_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0)
-QUICK_FACTORS: tuple[float, ...] = (1.0, 3.0)
-TRACE_SYSTEM_TOKENS = 1000  # shared system prompt assumed when replaying the trace
-SAMPLE_AGENTS = 256  # synthetic plans sampled to size the capacity
-BUILTIN_LOG_FILTER = "info,thunderagent=debug"  # the builtin's state-change lines are debug
-
-# The "measured here" agents of workload.md (and the simulator's cheap-recompute preset).
-TOY_SPEC = WorkloadSpec(
-    turns=(10, 20),
-    system_prompt_tokens=500,
-    first_turn_tokens=(200, 800),
-    tool_output_tokens=(100, 300),
-    output_tokens=(32, 64),
-    tool_time=(
-        ToolTimeComponent(weight=1.0, kind="lognormal", scale=0.5, shape=0.8, cap_seconds=60.0),
-    ),
-    session_prefix="toy",
-)
-SWE_SPEC = WorkloadSpec(session_prefix="swe")
-
-
-
 
 # ============================================================================================
 # Progress

@@ -20,40 +20,12 @@ from dynamo_thunderagent.bench.runner import (
     get_json,
     scheduler_figures,
 )
-from dynamo_thunderagent.bench.workload import (
-    ToolTimeComponent,
-    WorkloadSpec,
-)
 
 if TYPE_CHECKING:
     from dynamo_thunderagent.bench.driver import RunResult
     from dynamo_thunderagent.stack.launcher import LocalStack
 
 SCHEMA = "dynamo-thunderagent/bench-live/v1"
-ARM_BASES: tuple[str, ...] = ("stock", "builtin", "dynamo-python", "ours")
-DEFAULT_ARMS: tuple[str, ...] = ARM_BASES
-QUICK_ARMS: tuple[str, ...] = ("stock", "ours")
-REGIME_NAMES: tuple[str, ...] = ("calibrated", "cheap-recompute")
-WORKLOADS: tuple[str, ...] = ("trace", "swe", "toy")
-DEFAULT_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0)
-QUICK_FACTORS: tuple[float, ...] = (1.0, 3.0)
-TRACE_SYSTEM_TOKENS = 1000  # shared system prompt assumed when replaying the trace
-SAMPLE_AGENTS = 256  # synthetic plans sampled to size the capacity
-BUILTIN_LOG_FILTER = "info,thunderagent=debug"  # the builtin's state-change lines are debug
-
-# The "measured here" agents of workload.md (and the simulator's cheap-recompute preset).
-TOY_SPEC = WorkloadSpec(
-    turns=(10, 20),
-    system_prompt_tokens=500,
-    first_turn_tokens=(200, 800),
-    tool_output_tokens=(100, 300),
-    output_tokens=(32, 64),
-    tool_time=(
-        ToolTimeComponent(weight=1.0, kind="lognormal", scale=0.5, shape=0.8, cap_seconds=60.0),
-    ),
-    session_prefix="toy",
-)
-SWE_SPEC = WorkloadSpec(session_prefix="swe")
 
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dynamo_thunderagent.bench.workload import (
     DEFAULT_TRACE,
@@ -28,10 +28,6 @@ from dynamo_thunderagent.bench.workload import (
 )
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY, PARITY_POLICY
 
-if TYPE_CHECKING:
-    pass
-
-SCHEMA = "dynamo-thunderagent/bench-live/v1"
 ARM_BASES: tuple[str, ...] = ("stock", "builtin", "dynamo-python", "ours")
 DEFAULT_ARMS: tuple[str, ...] = ARM_BASES
 QUICK_ARMS: tuple[str, ...] = ("stock", "ours")

@@ -321,7 +321,7 @@ def _report(include_samples: bool = True) -> dict[str, Any]:
 
 def test_report_shape_per_arm_at_the_largest_n() -> None:
     report = json.loads(json.dumps(_report()))  # JSON-serialisable
-    assert report["schema"] == live.SCHEMA and report["regime"] == "calibrated"
+    assert report["schema"] == live_report.SCHEMA and report["regime"] == "calibrated"
     assert set(report["arms"]) == {"stock", "ours", "dynamo-python"}
     for arm in ("stock", "ours"):
         entry = report["arms"][arm]
