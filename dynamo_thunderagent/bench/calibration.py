@@ -60,16 +60,12 @@ import math
 import struct
 import sys
 import zipfile
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-# Where the shared trace lives in this project's checkout layout.
-DEFAULT_TRACE = (
-    Path(__file__).resolve().parents[3] / "shared" / "traces" / ("swe-agent-lite-glm45.jsonl")
-)
+from dynamo_thunderagent.bench.workload import DEFAULT_TRACE
 
 # Profiles shipped with the package (regenerate with ``write_reference_profiles``). Tables in
 # real milliseconds (time_scale * speedup_ratio = 1): run the mocker with --speedup-ratio S and
@@ -184,198 +180,6 @@ class GpuTiming:
 
 
 DEFAULT_TIMING = GpuTiming()
-
-
-# --------------------------------------------------------------------------------------------
-# Fitting the trace (pure Python: median regression by iteratively reweighted least squares)
-# --------------------------------------------------------------------------------------------
-
-
-def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float]:
-    """Solve a small dense linear system by Gaussian elimination with partial pivoting."""
-    n = len(rhs)
-    a = [[*row, b] for row, b in zip(matrix, rhs, strict=True)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
-        if abs(a[pivot][col]) < 1e-300:
-            raise ValueError("singular system in regression")
-        a[col], a[pivot] = a[pivot], a[col]
-        for r in range(col + 1, n):
-            f = a[r][col] / a[col][col]
-            for c in range(col, n + 1):
-                a[r][c] -= f * a[col][c]
-    x = [0.0] * n
-    for r in range(n - 1, -1, -1):
-        x[r] = (a[r][n] - sum(a[r][c] * x[c] for c in range(r + 1, n))) / a[r][r]
-    return x
-
-
-def quantile_regression(
-    rows: Sequence[Sequence[float]], y: Sequence[float], q: float = 0.5, iterations: int = 200
-) -> list[float]:
-    """Coefficients minimising the pinball loss at quantile ``q`` (IRLS, deterministic).
-
-    The median (``q = 0.5``) ignores the trace's heavy right tail (calls that took 5-10x
-    longer than their token counts explain: retries, stalls) that would drag a least-squares
-    fit around.
-    """
-    k = len(rows[0])
-    w = [1.0] * len(y)
-    coef = [0.0] * k
-    for _ in range(iterations):
-        xtx = [[0.0] * k for _ in range(k)]
-        xty = [0.0] * k
-        for x, t, wi in zip(rows, y, w, strict=True):
-            for i in range(k):
-                xi = wi * x[i]
-                xty[i] += xi * t
-                for j in range(k):
-                    xtx[i][j] += xi * x[j]
-        new = _solve(xtx, xty)
-        converged = all(
-            abs(a - b) <= 1e-10 * max(1.0, abs(b)) for a, b in zip(new, coef, strict=True)
-        )
-        coef = new
-        if converged:
-            break
-        w = []
-        for x, t in zip(rows, y, strict=True):
-            r = t - sum(c * v for c, v in zip(coef, x, strict=True))
-            w.append((q if r >= 0 else 1.0 - q) / max(abs(r), 1e-4))
-    return coef
-
-
-@dataclass(frozen=True)
-class StepRow:
-    """One trace step: the uncached prompt tokens it most likely prefilled, and its cost."""
-
-    batch: str
-    context: int
-    new_tokens: int
-    output_tokens: int
-    llm_seconds: float
-
-
-def trace_steps(path: Path = DEFAULT_TRACE) -> list[StepRow]:
-    """Trace rows with the uncached-token estimate of each step.
-
-    Assumption: vLLM's prefix cache holds the previous call's prompt *and* its generated
-    tokens (same session, nothing evicted at these batch sizes), so step ``k`` prefills
-    ``input[k] - input[k-1] - output[k-1]`` tokens: the tool output and the next
-    instruction. In the trace this is never below 60 tokens, consistent with the history
-    being appended verbatim. The first step of a session prefills its whole prompt.
-    """
-    sessions: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                row = json.loads(line)
-                sessions[row["session_id"]].append(row)
-    out: list[StepRow] = []
-    for sid in sorted(sessions):
-        prev: dict[str, Any] | None = None
-        for row in sorted(sessions[sid], key=lambda r: r["step"]):
-            cached = 0 if prev is None else prev["input_tokens"] + prev["output_tokens"]
-            out.append(
-                StepRow(
-                    batch=row.get("batch", sid.split("/", 1)[0]),
-                    context=int(row["input_tokens"]),
-                    new_tokens=max(0, int(row["input_tokens"]) - cached),
-                    output_tokens=int(row["output_tokens"]),
-                    llm_seconds=float(row["llm_seconds"]),
-                )
-            )
-            prev = row
-    return out
-
-
-@dataclass(frozen=True)
-class TraceFit:
-    """Median-regression fit ``llm_seconds ~ overhead[g] + prefill * new + decode[g] * out``.
-
-    ``g`` is the batch group (bs1, bs4, bs32). The prefill slope is shared by bs1 and bs4,
-    where the GPU is not saturated; bs32's decode slope is fitted with that prefill slope
-    held fixed (at 32 agents others' prefills interleave with every decode step, which makes
-    the per-token prefill slope unidentifiable there).
-    """
-
-    prefill_us_per_token: float
-    overhead_s: dict[str, float]
-    decode_ms_per_token: dict[str, float]
-    median_context: dict[str, float]
-    rows: dict[str, int]
-    bs32_interference_ms: float = 0.0
-
-    def timing(self) -> GpuTiming:
-        """The :class:`GpuTiming` these fits imply (decode shape from the bs1 and bs4 points)."""
-        base = GpuTiming()
-        e1, e4 = base.experts_touched(1), base.experts_touched(4)
-        d1, d4 = self.decode_ms_per_token["bs1"], self.decode_ms_per_token["bs4"]
-        per_expert = (d4 - d1) / (e4 - e1)
-        return GpuTiming(
-            prefill_us_per_token=round(self.prefill_us_per_token, 1),
-            decode_base_ms=round(d1 - per_expert * e1, 1),
-            decode_ms_per_expert=round(per_expert, 3),
-            request_overhead_s=round(
-                (
-                    self.overhead_s["bs1"] * self.rows["bs1"]
-                    + self.overhead_s["bs4"] * self.rows["bs4"]
-                )
-                / (self.rows["bs1"] + self.rows["bs4"]),
-                2,
-            ),
-        )
-
-
-def _median(values: Sequence[float]) -> float:
-    s = sorted(values)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-
-
-def fit_trace(path: Path = DEFAULT_TRACE) -> TraceFit:
-    """Fit the reference deployment's prefill and decode costs from the trace."""
-    steps = trace_steps(path)
-    groups = ("bs1", "bs4")
-    sel = [s for s in steps if s.batch in groups]
-    # Columns: overhead per group, prefill per 1k new tokens, decode per token per group.
-    xs: list[list[float]] = []
-    for s in sel:
-        xs.append(
-            [
-                *(1.0 if s.batch == g else 0.0 for g in groups),
-                s.new_tokens / 1000.0,
-                *(s.output_tokens if s.batch == g else 0.0 for g in groups),
-            ]
-        )
-    coef = quantile_regression(xs, [s.llm_seconds for s in sel])
-    prefill_s_per_1k = coef[2]
-    overhead = {g: coef[i] for i, g in enumerate(groups)}
-    decode = {g: 1000.0 * coef[3 + i] for i, g in enumerate(groups)}
-
-    b32 = [s for s in steps if s.batch == "bs32"]
-    if b32:
-        y = [s.llm_seconds - prefill_s_per_1k * s.new_tokens / 1000.0 for s in b32]
-        c32 = quantile_regression([[1.0, float(s.output_tokens)] for s in b32], y)
-        overhead["bs32"] = c32[0]
-        decode["bs32"] = 1000.0 * c32[1]
-    rows = {g: sum(1 for s in steps if s.batch == g) for g in ("bs1", "bs4", "bs32")}
-    ctx = {g: _median([s.context for s in steps if s.batch == g]) for g in rows if rows[g]}
-    # Others' prefills interleaved with each decode step at 32 agents: their prefill work
-    # per generated token, times 32 agents sharing the steps.
-    interference = 0.0
-    if b32:
-        new = sum(s.new_tokens for s in b32)
-        out = sum(s.output_tokens for s in b32)
-        interference = 32.0 * prefill_s_per_1k * new / out  # ms per step
-    return TraceFit(
-        prefill_us_per_token=prefill_s_per_1k * 1000.0,
-        overhead_s=overhead,
-        decode_ms_per_token=decode,
-        median_context=ctx,
-        rows=rows,
-        bs32_interference_ms=interference,
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -822,171 +626,17 @@ def _cmd_write(ns: argparse.Namespace) -> int:
 
 
 def _cmd_fit(ns: argparse.Namespace) -> int:
+    from dynamo_thunderagent.bench.trace_fit import fit_trace  # it imports GpuTiming from here
+
     fit = fit_trace(Path(ns.trace))
     print(json.dumps({"fit": asdict(fit), "timing": asdict(fit.timing())}, indent=2))
     return 0
 
 
-def _text_of_tokens(tag: str, words: int) -> str:
-    # Distinct, hash-like words so that two prompts share no prefix beyond what we intend.
-    return " ".join(hashlib.sha256(f"{tag}:{i}".encode()).hexdigest()[:6] for i in range(words))
-
-
-def _chat(url: str, model: str, text: str, max_tokens: int) -> tuple[float, dict[str, Any]]:
-    import time
-    import urllib.error
-    import urllib.request
-
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": max_tokens,
-        "stream": False,
-        "ignore_eos": True,
-    }
-    req = urllib.request.Request(
-        f"{url}/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    t0 = time.perf_counter()
-    try:
-        with urllib.request.urlopen(req, timeout=300) as resp:
-            payload = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        raise RuntimeError(f"chat request failed: {exc.code} {exc.read()[:500]!r}") from exc
-    return time.perf_counter() - t0, payload
-
-
-def _measure(url: str, model: str, words: int, decode_tokens: int, repeats: int) -> dict[str, Any]:
-    """Cold prefill, cached re-send and decode cost on an idle worker (medians of repeats)."""
-    cold, warm, decode, prompt_tokens, cached = [], [], [], [], []
-    for r in range(repeats):
-        text = _text_of_tokens(f"calib-{r}", words)
-        t_cold, p_cold = _chat(url, model, text, 1)
-        t_warm, p_warm = _chat(url, model, text, 1)
-        t_dec, _ = _chat(url, model, text, 1 + decode_tokens)
-        cold.append(t_cold)
-        warm.append(t_warm)
-        decode.append((t_dec - t_warm) / decode_tokens)
-        prompt_tokens.append(p_cold["usage"]["prompt_tokens"])
-        details = p_warm["usage"].get("prompt_tokens_details") or {}
-        cached.append(details.get("cached_tokens") or 0)
-    return {
-        "prompt_tokens": _median(prompt_tokens),
-        "cached_tokens_on_resend": _median(cached),
-        "uncached_request_s": _median(cold),
-        "cached_request_s": _median(warm),
-        "decode_s_per_token": _median(decode),
-        "full_reprefill_s": _median(cold) - _median(warm),
-    }
-
-
-def _measure_batch_decode(
-    url: str, model: str, batch: int, decode_tokens: int, words: int
-) -> float:
-    """Seconds per decode step with ``batch`` concurrent decoders (prompts cached first)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    texts = [_text_of_tokens(f"batch-{batch}-{i}", words) for i in range(batch)]
-    for t in texts:
-        _chat(url, model, t, 1)
-    with ThreadPoolExecutor(batch) as pool:
-        base = list(pool.map(lambda t: _chat(url, model, t, 1)[0], texts))
-        full = list(pool.map(lambda t: _chat(url, model, t, 1 + decode_tokens)[0], texts))
-    return (_median(full) - _median(base)) / decode_tokens
-
-
-def _ratios(m: dict[str, Any], turn_out: int) -> dict[str, Any]:
-    """Re-prefill cost relative to decode: per decode step, and per agent's share of a turn.
-
-    An agent's share of the GPU for the decode of one turn at batch ``b`` is ``turn_out *
-    step(b) / b``; a re-prefill is not shared, so ``reprefill / share`` is how many turns'
-    worth of GPU a thrashed agent burns.
-    """
-    steps = m["decode_step_s_batch"]
-    return {
-        "reprefill_over_decode_step": {
-            b: m["full_reprefill_s"] / step for b, step in steps.items()
-        },
-        "reprefill_over_turn_decode_share": {
-            b: m["full_reprefill_s"] / (turn_out * step / int(b)) for b, step in steps.items()
-        },
-    }
-
-
 def _cmd_verify(ns: argparse.Namespace) -> int:
-    from dynamo_thunderagent.stack.launcher import LocalStack
+    from dynamo_thunderagent.bench.calibration_verify import cmd_verify
 
-    results: dict[str, Any] = {
-        "token_scale": ns.token_scale,
-        "time_scale": ns.time_scale,
-        "speedup_ratio": ns.speedup_ratio,
-        "num_gpu_blocks": ns.num_gpu_blocks,
-        "block_size": ns.block_size,
-        "prompt_words": ns.words,
-        "decode_tokens": ns.decode_tokens,
-        "regimes": {},
-    }
-    scaled = ScaledTiming(DEFAULT_TIMING, ns.token_scale, ns.time_scale, ns.speedup_ratio)
-    # Output tokens of a median trace turn, at the harness's token scale.
-    turn_out = ns.turn_output_tokens or max(
-        1, math.floor(TRACE_MEDIAN_OUTPUT_TOKENS * ns.token_scale + 0.5)
-    )
-    results["turn_output_tokens"] = turn_out
-    work = Path(ns.work_dir)
-    for name in ns.regimes:
-        regime = REGIMES[name]
-        geometry = StackGeometry(ns.num_gpu_blocks, ns.block_size, ns.speedup_ratio)
-        extra = regime.mocker_args(
-            work / name, ns.token_scale, ns.time_scale,
-            speedup_ratio=ns.speedup_ratio, geometry=geometry,
-        )  # fmt: skip
-        with LocalStack(
-            arm="stock",
-            num_workers=1,
-            num_gpu_blocks=ns.num_gpu_blocks,
-            block_size=ns.block_size,
-            speedup_ratio=ns.speedup_ratio,
-            mocker_args=extra,
-            run_dir=work / f"stack-{name}",
-        ) as stack:
-            model = stack.config.model_name
-            _chat(stack.url, model, "warm up", 2)
-            m = _measure(stack.url, model, ns.words, ns.decode_tokens, ns.repeats)
-            m["decode_step_s_batch"] = {
-                str(b): _measure_batch_decode(stack.url, model, b, ns.decode_tokens, ns.batch_words)
-                for b in ns.batches
-            }
-        m["mocker_args"] = extra
-        m.update(_ratios(m, turn_out))
-        if regime.calibrated:
-            m["predicted"] = {
-                "full_reprefill_s": scaled.prefill_wall_s(int(m["prompt_tokens"])),
-                "decode_s_per_token": scaled.decode_wall_s(1.0),
-                "decode_step_s_batch": {str(b): scaled.decode_wall_s(b) for b in ns.batches},
-            }
-        results["regimes"][name] = m
-        print(json.dumps({name: m}, indent=2), flush=True)
-    # The deployment the calibrated tables stand for, at the same (unscaled) sizes.
-    ctx_real = round(
-        _median([float(r["prompt_tokens"]) for r in results["regimes"].values()] or [0.0])
-        / ns.token_scale
-    )
-    gpu = {
-        "context_tokens": ctx_real,
-        "full_reprefill_s": DEFAULT_TIMING.full_prefill_s(ctx_real),
-        "decode_s_per_token": DEFAULT_TIMING.decode_step_ms(1) / 1000.0,
-        "decode_step_s_batch": {
-            str(b): DEFAULT_TIMING.decode_step_ms(b) / 1000.0 for b in ns.batches
-        },
-    }
-    gpu.update(_ratios(gpu, TRACE_MEDIAN_OUTPUT_TOKENS))
-    results["reference_gpu"] = gpu
-    print(json.dumps({"reference_gpu": gpu}, indent=2), flush=True)
-    if ns.json:
-        Path(ns.json).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    return 0
+    return cmd_verify(ns)
 
 
 def main(argv: Iterable[str] | None = None) -> int:
@@ -1029,7 +679,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     )
     v.add_argument("--work-dir", default="/tmp/dta-calibration")
     v.add_argument("--json", default=None, help="also write the results here")
-    v.set_defaults(func=_cmd_verify)
+    v.set_defaults(func=_cmd_verify)  # measures a live stack: calibration_verify
 
     ns = parser.parse_args(list(argv) if argv is not None else None)
     return int(ns.func(ns))

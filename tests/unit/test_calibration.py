@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dynamo_thunderagent.bench import calibration as cal
+from dynamo_thunderagent.bench import trace_fit
 from dynamo_thunderagent.bench.calibration import (
     DEFAULT_TIMING,
     NPZ_KEYS,
@@ -209,13 +210,13 @@ def test_quantile_regression_recovers_a_line() -> None:
         noise = rng.expovariate(1.0) if rng.random() < 0.2 else rng.gauss(0, 0.05)
         rows.append([1.0, x])
         y.append(2.0 + 0.5 * x + noise)  # a heavy right tail, like the trace
-    a, b = cal.quantile_regression(rows, y)
+    a, b = trace_fit.quantile_regression(rows, y)
     assert a == pytest.approx(2.0, abs=0.1) and b == pytest.approx(0.5, abs=0.02)
 
 
 @pytest.mark.skipif(not cal.DEFAULT_TRACE.exists(), reason="shared trace not present")
 def test_default_timing_is_the_trace_fit() -> None:
-    fit = cal.fit_trace()
+    fit = trace_fit.fit_trace()
     assert fit.rows == {"bs1": 205, "bs4": 2831, "bs32": 2752}
     assert fit.timing() == DEFAULT_TIMING
     # Larger batches make every generated token slower.
