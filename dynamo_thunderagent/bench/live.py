@@ -211,6 +211,17 @@ class LiveConfig:
     plots: bool = True
     quick: bool = False
 
+    def plan(self, regime: str) -> tuple[RegimeSetup, SweepPlan]:
+        """The regime's setup and its sweep (capacity fixed for the largest N)."""
+        setup = self.setup(regime)
+        shape = workload_shape(setup, self.seed)
+        sweep = plan_sweep(
+            shape, max_agents=setup.max_agents, factors=self.factors, agents=self.agents,
+            num_workers=self.workers, block_size=self.block_size,
+            num_gpu_blocks=self.num_gpu_blocks,
+        )  # fmt: skip
+        return setup, sweep
+
     def setup(self, regime: str) -> RegimeSetup:
         base = default_setup(regime)
         changes: dict[str, Any] = {}
@@ -273,13 +284,7 @@ def prepare_regime(config: LiveConfig, regime: str, work_dir: Path) -> PreparedR
     """Size the regime and write its mocker profile (calibrated) under ``work_dir``."""
     from dynamo_thunderagent.bench.calibration import REGIMES, StackGeometry
 
-    setup = config.setup(regime)
-    shape = workload_shape(setup, config.seed)
-    sweep = plan_sweep(
-        shape, max_agents=setup.max_agents, factors=config.factors, agents=config.agents,
-        num_workers=config.workers, block_size=config.block_size,
-        num_gpu_blocks=config.num_gpu_blocks,
-    )  # fmt: skip
+    setup, sweep = config.plan(regime)
     geometry = StackGeometry(sweep.num_gpu_blocks, config.block_size, setup.speedup_ratio)
     mocker_args = REGIMES[regime].mocker_args(
         work_dir / f"profile-{regime}", setup.token_scale, setup.time_scale,
@@ -534,13 +539,7 @@ def dry_run(config: LiveConfig, out: TextIO = sys.stdout) -> int:
     plans: dict[str, Any] = {}
     agents: dict[str, list[int]] = {}
     for regime in config.regimes:
-        setup = config.setup(regime)
-        shape = workload_shape(setup, config.seed)
-        sweep = plan_sweep(
-            shape, max_agents=setup.max_agents, factors=config.factors, agents=config.agents,
-            num_workers=config.workers, block_size=config.block_size,
-            num_gpu_blocks=config.num_gpu_blocks,
-        )  # fmt: skip
+        setup, sweep = config.plan(regime)
         plans[regime] = {"setup": setup.describe(), "sweep": sweep.describe()}
         agents[regime] = list(sweep.agents)
     schedule = interleave(config.regimes, agents, [a.label for a in config.arms],
