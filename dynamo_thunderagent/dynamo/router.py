@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import structlog
 
 from dynamo_thunderagent.classifier import (
+    Aborted,
     Admission,
     AdmissionRejected,
     Completed,
@@ -240,10 +241,9 @@ class ThunderAgentRouter:
             return
         for event in events:
             self.classifier.on_event(event)
-            name = type(event).__name__
-            if name == "Completed":
+            if isinstance(event, Completed):
                 self.stats.completed += 1
-            elif name == "Aborted":
+            elif isinstance(event, Aborted):
                 self.stats.aborted += 1
 
     # ---- background -------------------------------------------------------------
