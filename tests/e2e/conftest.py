@@ -78,19 +78,7 @@ async def async_wait_for_state(
     stack: Any, predicate: Callable[[State], bool], what: str, timeout: float = 30.0
 ) -> State:
     """:func:`wait_for_state` for async tests: polls in a thread, keeps the loop running."""
-    deadline = time.monotonic() + timeout
-    last: State | None = None
-    while True:
-        try:
-            last = await asyncio.to_thread(get_state, stack)
-            if predicate(last):
-                return last
-        except (urllib.error.URLError, OSError, ValueError):
-            pass
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last /state:\n"
-                        f"{json.dumps(last, indent=1)}")
-        await asyncio.sleep(0.05)
+    return await asyncio.to_thread(wait_for_state, stack, predicate, what, timeout)
 
 
 def programs(state: State) -> dict[str, dict[str, Any]]:
