@@ -97,6 +97,10 @@ class ThunderAgentParameters(_Strict):
     acting_decay_tau_seconds: float = Field(1.0, gt=0.0)
     buffer_per_program: int = Field(100, ge=0)
     max_tracked_requests: int = Field(10_000, gt=0)
+    max_turns_per_session: int = Field(32, gt=0)
+    """Turns one session may have tracked at once (in flight plus queued behind it), so
+    that no single session can take every tracked-request slot. Not a Dynamo parameter;
+    its default only bounds misbehaving clients (an agent sends one turn at a time)."""
 
     # ---- Extensions beyond Dynamo's parameter set --------------------------------
     # Each defaults to the parity behaviour; policies/thunderagent-extended.yaml turns
@@ -124,6 +128,16 @@ class ThunderAgentParameters(_Strict):
     reserves room (nothing behind it resumes until it fits). None: off."""
     min_residency_seconds: float = Field(0.0, ge=0.0)
     """A program resumed or admitted less than this long ago is not paused (churn guard)."""
+    idle_horizon_factor: float | None = Field(None, gt=0.0)
+    """Idle programs give way first: an ACTIVE program with no turn in flight or waiting
+    that has been idle longer than this many times the longest gap between turns it has
+    shown (for a program that finished one turn only: the population's typical gap, or
+    none when recent programs rarely came back) is *dormant*, and is paused before anyone
+    waits for room or any other program is paused. Idle paused programs are then resumed
+    when their next turn arrives, not ahead of it, and never hold anyone back. None: off
+    (parity: an idle program stays charged until ``session_retention_seconds``)."""
+    idle_horizon_min_seconds: float = Field(0.5, ge=0.0)
+    """Lower bound of every idle horizon (used while there is no evidence at all)."""
     pause_min_recompute_ratio: float | None = Field(None, ge=0.0)
     """Pause only when pausing pays: a program is paused (or held back for lack of room)
     only if re-prefilling its context would cost at least this fraction of a turn's
@@ -136,10 +150,12 @@ class ThunderAgentParameters(_Strict):
         "scheduler_interval_seconds",
         "acting_token_weight",
         "acting_decay_tau_seconds",
+        "idle_horizon_factor",
+        "idle_horizon_min_seconds",
     )
     @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
 

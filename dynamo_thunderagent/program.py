@@ -68,6 +68,10 @@ class Program:
     acting_since: float | None = None
     deferred_since: float | None = None
     last_active: float = 0.0
+    # The longest time between the end of one of its turns and the arrival of the next
+    # (0: it has not come back after a turn yet); see dynamo_thunderagent.idle.
+    max_gap: float = 0.0
+    gone_counted: bool = False  # its first idle was counted as "did not come back"
     parent_session_id: str | None = None
     # The turn on the GPU or waiting for admission (at most one per session),
     # then the session's later turns in arrival order.

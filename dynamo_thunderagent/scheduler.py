@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from dynamo_thunderagent.capacity import Capacity, CapacityCard, UsageModel
 from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.costs import EngineCosts
+from dynamo_thunderagent.idle import ReturnEvidence, idle_horizon
 from dynamo_thunderagent.program import (
     Lifecycle,
     Phase,
@@ -105,8 +106,20 @@ class Scheduler:
         self.table = ProgramTable(self.usage_model)
         self.capacity = Capacity()
         self.costs: EngineCosts | None = None
-        self.counters = {"pauses": 0, "resumes": 0, "forced_resumes": 0, "moves": 0,
-                         "expired": 0, "evicted": 0, "rejected": 0}
+        self.counters = {"pauses": 0, "idle_pauses": 0, "resumes": 0, "forced_resumes": 0,
+                         "moves": 0, "expired": 0, "evicted": 0, "rejected": 0}
+        self.evidence = ReturnEvidence()
+        # PAUSED programs whose turn waits for room: the only programs that hold a new
+        # program back, and the resume candidates when idle horizons are on.
+        self._deferred: dict[str, Program] = {}
+        # Idle programs by when they went idle, (last_active, seq, session): the oldest
+        # idle one is evicted when the table is full. Entries are checked when popped
+        # (a program that became busy again, or was removed, leaves a stale entry).
+        self._idle_order: list[tuple[float, int, str]] = []
+        # Idle horizons, (deadline, seq, session, last_active), and the programs found
+        # past theirs, in that order: the first to give way under pressure.
+        self._horizons: list[tuple[float, int, str, float]] = []
+        self._dormant: dict[str, Program] = {}
 
     # ---- workers ---------------------------------------------------------------
     def set_workers(
@@ -201,6 +214,16 @@ class Scheduler:
         elif program.final_request is not None:
             return self._reject(d, request_id, f"session {session_id!r} is ending (a "
                                 "session-final request is pending); start a new session")
+        else:
+            turns = len(program.waiting) + (program.current is not None)
+            cap = self.params.max_turns_per_session
+            if turns >= cap:
+                return self._reject(d, request_id, f"session {session_id!r} already has "
+                                    f"{turns} turns in flight or queued "
+                                    f"(max_turns_per_session={cap}); send a session's turns "
+                                    "one at a time")
+            if not program.busy:
+                self._returned(program, now)
         request = TrackedRequest(request_id, session_id, input_tokens, now,
                                  RequestState.QUEUED, created_program=created)
         if self.params.shared_prefix_accounting and prefix_block_tokens > 0:
@@ -210,6 +233,8 @@ class Scheduler:
         table.requests[request_id] = request
         if program.current is None:
             self._start_turn(program, request, now, d)
+            if request.state is RequestState.DEFERRED:
+                self._room_appeared(now, d)  # a returning paused program: room may be there
         else:
             program.waiting.append(request_id)
         return d
@@ -228,6 +253,7 @@ class Scheduler:
         if program.lifecycle is Lifecycle.PAUSED:
             if program.deferred_since is None:
                 program.deferred_since = now
+            self._deferred[program.session_id] = program
             return
         worker = program.worker
         if worker is not None and self.capacity.is_live(worker):
@@ -237,12 +263,14 @@ class Scheduler:
             self._release(program, request, None, now, d)  # cold start: no capacity data
             return
         pays = self.pause_pays(program.tokens)
-        if program.is_new and self.table.any_paused and pays:
-            self._pause(program, now, d)  # no queue jumping past paused programs
+        if program.is_new and self._deferred and pays:
+            self._pause(program, now, d)  # no queue jumping past programs waiting for room
             program.deferred_since = now
             return
         need = program.tokens + self.params.buffer_per_program
         target = self._least_used_with_room(need if pays else None)
+        if target is None and self._reclaim_dormant(now, d, need):
+            target = self._least_used_with_room(need)
         if target is None:
             self._pause(program, now, d)
             program.deferred_since = now
@@ -286,14 +314,97 @@ class Scheduler:
             program.worker = worker
 
     def _evict_oldest_idle(self, d: Decisions) -> bool:
-        idle = [p for p in self.table.programs.values() if not p.busy]
-        if not idle:
+        """Remove the program idle the longest (O(log n) amortized); False if none is idle."""
+        while self._idle_order:
+            last_active, seq, session_id = heapq.heappop(self._idle_order)
+            program = self.table.programs.get(session_id)
+            if (program is None or program.seq != seq or program.busy
+                    or program.last_active != last_active):
+                continue  # stale: busy again, or gone
+            self._drop(program)
+            self.counters["evicted"] += 1
+            d.removed.append(session_id)
+            return True
+        return False
+
+    def _drop(self, program: Program) -> None:
+        """Remove ``program`` from the table and from every index that names it."""
+        self.table.remove(program)
+        self._deferred.pop(program.session_id, None)
+        self._dormant.pop(program.session_id, None)
+
+    # ---- idle programs ---------------------------------------------------------
+    def _went_idle(self, program: Program, now: float) -> None:
+        """``program`` has no turn in flight or waiting from ``now`` on."""
+        seq, session_id = program.seq, program.session_id
+        heapq.heappush(self._idle_order, (program.last_active, seq, session_id))
+        factor = self.params.idle_horizon_factor
+        if factor is not None and program.lifecycle is Lifecycle.ACTIVE:
+            horizon = idle_horizon(program, self.evidence, factor=factor,
+                                   minimum=self.params.idle_horizon_min_seconds,
+                                   maximum=self.params.session_retention_seconds)
+            heapq.heappush(self._horizons, (now + horizon, seq, session_id, program.last_active))
+        # Stale entries are dropped as they surface; rebuild if they pile up anyway.
+        bound = 2 * len(self.table.programs) + 1024
+        if len(self._idle_order) > bound:
+            self._idle_order = [(p.last_active, p.seq, p.session_id)
+                                for p in self.table.programs.values() if not p.busy]
+            heapq.heapify(self._idle_order)
+        if len(self._horizons) > bound:
+            live = {(p.seq, p.last_active) for p in self.table.programs.values() if not p.busy}
+            self._horizons = [e for e in self._horizons if (e[1], e[3]) in live]
+            heapq.heapify(self._horizons)
+
+    def _returned(self, program: Program, now: float) -> None:
+        """An idle program's next turn arrived: learn the gap, it is no longer dormant."""
+        self._dormant.pop(program.session_id, None)
+        if program.steps == 0:
+            return  # its only turn was aborted: nothing ended, no gap to learn
+        if program.max_gap == 0.0:
+            if program.gone_counted:
+                self.evidence.first_idle_undone()
+            else:
+                self.evidence.first_idle_ended(returned=True)
+        gap = max(0.0, now - program.last_active)
+        self.evidence.observe_gap(gap)
+        program.max_gap = max(program.max_gap, gap, 1e-9)
+
+    def _find_dormant(self, now: float) -> None:
+        """Move idle programs whose horizon has passed into the dormant set."""
+        horizons = self._horizons
+        while horizons and horizons[0][0] <= now:
+            _, seq, session_id, last_active = heapq.heappop(horizons)
+            program = self.table.programs.get(session_id)
+            if (program is None or program.seq != seq or program.busy
+                    or program.last_active != last_active):
+                continue
+            if program.max_gap == 0.0 and not program.gone_counted:
+                program.gone_counted = True
+                self.evidence.first_idle_ended(returned=False)
+            if program.lifecycle is Lifecycle.ACTIVE and program.worker is not None:
+                self._dormant[session_id] = program
+
+    def _reclaim_dormant(self, now: float, d: Decisions, need: float | None = None) -> bool:
+        """Pause dormant programs, longest past their horizon first, to make room.
+
+        With ``need``, stop as soon as some rank has room for it; without, pause
+        every dormant program. True if anything was paused.
+        """
+        if self.params.idle_horizon_factor is None:
             return False
-        oldest = min(idle, key=lambda p: (p.last_active, p.seq))
-        self.table.remove(oldest)
-        self.counters["evicted"] += 1
-        d.removed.append(oldest.session_id)
-        return True
+        self._find_dormant(now)
+        paused = False
+        while self._dormant:
+            session_id = next(iter(self._dormant))
+            program = self._dormant.pop(session_id)
+            if (program.busy or program.lifecycle is not Lifecycle.ACTIVE
+                    or self.table.programs.get(session_id) is not program):
+                continue
+            self._pause(program, now, d, idle=True)
+            paused = True
+            if need is not None and self._least_used_with_room(need) is not None:
+                break
+        return paused
 
     def _reject(self, d: Decisions, request_id: str, reason: str) -> Decisions:
         self.counters["rejected"] += 1
@@ -338,6 +449,8 @@ class Scheduler:
         if program.marked_for_pause:
             self._pause(program, now, d)  # its tool boundary
         self._advance(program, now, d)
+        if not program.busy and program.session_id in self.table.programs:
+            self._went_idle(program, now)
         self._room_appeared(now, d)
         return d
 
@@ -356,8 +469,9 @@ class Scheduler:
             return d
         program.current = None
         program.deferred_since = None
+        self._deferred.pop(program.session_id, None)
         if request.created_program and program.is_new and not program.busy:
-            self.table.remove(program)  # roll back: the program never ran
+            self._drop(program)  # roll back: the program never ran
             d.removed.append(program.session_id)
             self._room_appeared(now, d)
             return d
@@ -368,6 +482,8 @@ class Scheduler:
         if program.marked_for_pause:
             self._pause(program, now, d)
         self._advance(program, now, d)
+        if not program.busy and program.session_id in self.table.programs:
+            self._went_idle(program, now)
         self._room_appeared(now, d)
         return d
 
@@ -383,7 +499,7 @@ class Scheduler:
         elif program.final_request is not None:
             final = program.final_request
             del self.table.requests[final]
-            self.table.remove(program)
+            self._drop(program)
             d.removed.append(program.session_id)
             d.released.append(Release(final, None, session_final=True))
 
@@ -393,13 +509,16 @@ class Scheduler:
             self.resume_waiting(now, d)
 
     # ---- pause / resume --------------------------------------------------------
-    def _pause(self, program: Program, now: float, d: Decisions) -> None:
+    def _pause(self, program: Program, now: float, d: Decisions, *, idle: bool = False) -> None:
+        """Pause ``program``; ``idle``: it is dormant and gives way (counted apart)."""
         with self.table.changing(program):
             program.lifecycle = Lifecycle.PAUSED
         program.marked_for_pause = False
         program.active_since = None
         program.pauses += 1
-        self.counters["pauses"] += 1
+        self.counters["idle_pauses" if idle else "pauses"] += 1
+        if program.current is not None:
+            self._deferred[program.session_id] = program
         d.paused.append(program.session_id)
 
     def _resume(self, program: Program, worker: WorkerKey | None, now: float,
@@ -408,6 +527,7 @@ class Scheduler:
             self._move(program, worker)
         with self.table.changing(program):
             program.lifecycle = Lifecycle.ACTIVE
+        self._deferred.pop(program.session_id, None)
         program.active_since = now
         program.resumes += 1
         self.counters["resumes"] += 1
@@ -429,7 +549,13 @@ class Scheduler:
         first, and while it does not fit nothing behind it is resumed.
         """
         d = d if d is not None else Decisions()
-        paused = self.table.paused()
+        if self.params.idle_horizon_factor is None:
+            paused = self.table.paused()
+        else:
+            # Idle paused programs resume when their next turn arrives, not ahead of it.
+            paused = list(self._deferred.values())
+            if paused:
+                self._reclaim_dormant(now, d)
         if not paused:
             return d
         known = self.capacity.known
@@ -497,6 +623,7 @@ class Scheduler:
         """One scheduler pass: expire, unassign, resume, force overdue, relieve pressure."""
         d = Decisions()
         self._sweep(now, d)
+        self._find_dormant(now)
         self.resume_waiting(now, d)
         self._force_overdue(now, d)
         self._relieve_pressure(now, d)
@@ -511,7 +638,7 @@ class Scheduler:
         live = self.capacity.live_worker_ids
         for program in list(self.table.programs.values()):
             if not program.busy and now - program.last_active >= retention:
-                self.table.remove(program)
+                self._drop(program)
                 self.counters["expired"] += 1
                 d.expired.append(program.session_id)
             elif program.worker is not None and program.worker.worker_id not in live:
@@ -525,7 +652,7 @@ class Scheduler:
             return
         timeout = self.params.resume_timeout_seconds
         overdue = [
-            p for p in self.table.paused()
+            p for p in self._deferred.values()
             if p.deferred_since is not None and now - p.deferred_since >= timeout
         ]
         for program in sorted(overdue, key=lambda p: (p.deferred_since or 0.0, p.seq)):
@@ -560,6 +687,10 @@ class Scheduler:
                 return (0.0, p.tokens, p.seq)
 
         residency = self.params.min_residency_seconds
+        threshold = self.params.pause_threshold
+        if self._dormant and any(self.table.usage(w) > c * threshold
+                                 for w, c in self.capacity.known.items()):
+            self._reclaim_dormant(now, d)  # idle programs give way first
         for worker, capacity in self.capacity.known.items():
             usage = (self.table.decayed_usage(worker, now) if decay
                      else self.table.usage(worker))
@@ -617,6 +748,9 @@ class Scheduler:
             "programs": programs,
             "tracked_requests": len(self.table.requests),
             "paused": len(self.table.paused()),
+            "waiting_for_room": len(self._deferred),
+            "dormant": len(self._dormant),
+            "return_evidence": self.evidence.as_dict(),
             "ranks": ranks,
             "live_workers": sorted(self.capacity.live_worker_ids),
             "counters": dict(self.counters),

@@ -66,6 +66,11 @@ PARAMETER_SETS = [
     dict(buffer_per_program=20, acting_token_weight=0.7, pressure_decay=True,
          pause_order="longest_idle", min_residency_seconds=7.0, resume_on_events=True,
          shared_prefix_accounting=True),
+    # Idle horizons (dormant programs give way first), with and without event resume.
+    dict(buffer_per_program=10, resume_on_events=True, resume_affinity=True,
+         idle_horizon_factor=2.0, idle_horizon_min_seconds=0.5, max_turns_per_session=3),
+    dict(buffer_per_program=30, idle_horizon_factor=1.0, idle_horizon_min_seconds=0.0,
+         min_residency_seconds=3.0),
 ]
 PREFIX_BLOCK_TOKENS = 8
 
@@ -492,6 +497,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             sid for sid, p in self.table.programs.items() if p.lifecycle is Lifecycle.PAUSED)
         assert paused == expected
         assert self.table.any_paused == bool(expected)
+        # Exactly the paused programs with a turn wait for room (and hold new ones back).
+        waiting = sorted(self.scheduler._deferred)
+        assert waiting == sorted(
+            sid for sid, p in self.table.programs.items()
+            if p.lifecycle is Lifecycle.PAUSED and p.current is not None), waiting
+        # Dormant programs are retained, idle, and were ACTIVE when found dormant.
+        for sid, program in self.scheduler._dormant.items():
+            assert self.table.programs.get(sid) is program
 
     @invariant()
     def deferral_is_bounded_while_a_worker_is_live(self) -> None:

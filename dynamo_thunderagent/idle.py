@@ -1,0 +1,111 @@
+"""How long an idle program is expected back: its *idle horizon*.
+
+An ACTIVE program with no turn in flight or waiting (an ACTING agent whose tool
+runs, or a conversation that simply ended without ``X-Dynamo-Session-Final``)
+stays charged to its worker/rank so that its KV blocks survive until its next
+turn. Keeping that charge has a price (it keeps other programs out) and so does
+dropping it (the program re-prefills if it comes back). The scheduler cannot
+tell a tool call from an abandoned session directly, but it can see how each
+program has behaved so far:
+
+* a program that has shown gaps between turns is expected back within a few
+  times the longest gap it has shown;
+* a program that has finished only one turn is judged by the population: by the
+  gaps other programs showed, unless recent programs mostly never came back
+  after their first turn (one-shot clients such as benchmark tools), in which
+  case it is not expected back at all.
+
+A program idle past its horizon is *dormant*: it stays in the program table
+(and keeps its assignment, so a late return is still sticky when there is
+room), but under pressure it is the first to give way. Nothing here is
+time-driven; the scheduler asks when it needs an answer, with ``now`` passed in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from dynamo_thunderagent.program import Program
+
+# How many recent gaps the population estimate keeps, and how often its quantile
+# is recomputed (sorting 256 floats every 16 observations keeps admission cheap).
+GAP_WINDOW = 256
+_RECOMPUTE_EVERY = 16
+# The quantile of recent gaps taken as "how long programs stay away".
+GAP_QUANTILE = 0.9
+# Decided first idles (came back, or did not within their horizon) needed before
+# the return rate is trusted, and the rate below which one-turn programs are not
+# expected back. The counts are halved past _EVIDENCE_CAP so they follow the
+# current traffic rather than all of it.
+MIN_EVIDENCE = 8
+MIN_RETURN_RATE = 0.2
+_EVIDENCE_CAP = 256
+
+
+@dataclass
+class ReturnEvidence:
+    """What the population's programs showed about coming back after a turn."""
+
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAP_WINDOW))
+    returned: float = 0.0  # first idles that ended with the program's next turn
+    gone: float = 0.0  # first idles that passed their horizon with no next turn
+    _typical: float | None = None
+    _since_recompute: int = 0
+
+    def observe_gap(self, gap: float) -> None:
+        """A program's next turn arrived ``gap`` seconds after its previous one ended."""
+        self.gaps.append(max(0.0, gap))
+        self._since_recompute += 1
+        if self._typical is None or self._since_recompute >= _RECOMPUTE_EVERY:
+            ordered = sorted(self.gaps)
+            self._typical = ordered[min(len(ordered) - 1, int(GAP_QUANTILE * len(ordered)))]
+            self._since_recompute = 0
+
+    def first_idle_ended(self, *, returned: bool) -> None:
+        if returned:
+            self.returned += 1
+        else:
+            self.gone += 1
+        if self.returned + self.gone > _EVIDENCE_CAP:
+            self.returned /= 2
+            self.gone /= 2
+
+    def first_idle_undone(self) -> None:
+        """A program counted as gone came back after all (late)."""
+        self.gone = max(0.0, self.gone - 1)
+        self.first_idle_ended(returned=True)
+
+    @property
+    def typical_gap(self) -> float | None:
+        """A high quantile of recent gaps between turns (None: no program came back yet)."""
+        return self._typical
+
+    @property
+    def return_rate(self) -> float | None:
+        """Share of recent first idles that ended in a next turn (None: too little evidence)."""
+        decided = self.returned + self.gone
+        return None if decided < MIN_EVIDENCE else self.returned / decided
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {"typical_gap_seconds": self._typical, "return_rate": self.return_rate,
+                "gaps_observed": len(self.gaps)}
+
+
+def idle_horizon(program: Program, evidence: ReturnEvidence, *, factor: float,
+                 minimum: float, maximum: float) -> float:
+    """Seconds after which ``program``, idle now, is no longer expected back.
+
+    ``factor`` times the longest gap the program has shown; for a program with
+    no gap yet, ``factor`` times the population's typical gap, or 0 when no
+    program has come back yet or most recent ones never did. Clamped to
+    [``minimum``, ``maximum``].
+    """
+    typical, rate = evidence.typical_gap, evidence.return_rate
+    if program.max_gap > 0.0:
+        base = program.max_gap
+    elif typical is None or (rate is not None and rate < MIN_RETURN_RATE):
+        base = 0.0  # nobody came back yet, or recent programs mostly did not
+    else:
+        base = typical
+    return min(maximum, max(minimum, factor * base))
