@@ -149,13 +149,17 @@ class Scheduler:
     def pause_pays(self, tokens: int) -> bool:
         """Would pausing a program of ``tokens`` save more than it costs?
 
-        Parity (``pause_min_recompute_ratio`` unset) and unmeasured costs: yes.
-        Otherwise: re-prefilling the program must take at least that fraction of
-        a turn's decode time; below it, a pause only idles the agent.
+        Parity (``pause_min_recompute_ratio`` unset): yes. Otherwise re-prefilling
+        the program must take at least that fraction of a turn's decode time; below
+        it, a pause only idles the agent. Until the engine's costs are measured
+        nothing is known to pay, so admission stays open like plain KV routing (a
+        pause made on a guess costs a wait that stock routing never imposes).
         """
         ratio = self.params.pause_min_recompute_ratio
-        if ratio is None or self.costs is None:
+        if ratio is None:
             return True
+        if self.costs is None:
+            return False
         recompute = tokens * self.costs.prefill_seconds_per_token
         return recompute >= ratio * self.costs.decode_seconds
 

@@ -199,8 +199,9 @@ def test_a_new_program_is_admitted_without_room_when_holding_it_back_saves_nothi
     h.workers({W0: 1_000, W1: 1_000})
     h.acting_on("a", W0, 900)
     h.acting_on("b", W1, 800)
+    h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=1e-3, decode_seconds=1.0))
     rid, d = h.turn("c", 500)
-    assert d.outcome(rid) is None  # costs unknown yet: parity (paused for lack of room)
+    assert d.outcome(rid) is None  # recompute is dear: held back for lack of room
     h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=1e-6, decode_seconds=1.0))
     d = h.tick()
     released = d.outcome(rid)
@@ -208,6 +209,15 @@ def test_a_new_program_is_admitted_without_room_when_holding_it_back_saves_nothi
     rid2, d2 = h.turn("d", 500)  # no room anywhere: the least used rank (W0 at 0.9 < W1 1.3)
     released = d2.outcome(rid2)
     assert isinstance(released, Release) and released.worker == W0
+
+
+def test_until_costs_are_measured_admission_stays_open_like_plain_routing() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, pause_min_recompute_ratio=0.5)
+    h.workers({W0: 1_000})
+    h.acting_on("a", W0, 900)
+    rid, d = h.turn("b", 500)  # no room, but nothing is known to pay for a wait
+    assert isinstance(d.outcome(rid), Release)
+    assert not h.tick().paused
 
 
 def test_cost_meter_smooths_and_ignores_small_prefills() -> None:

@@ -188,7 +188,9 @@ def test_program_arms_release_every_program_after_the_session_finals(arm_name: s
     config = RunConfig(agents=30, workers=scenario.workers, engine=scenario.engine(),
                        warmup_s=scenario.warmup_s, window_s=scenario.window_s)
     sim: Simulation | None = None
-    arm = build_arm(arm_name, policy=None, ttl_s=1.0,
+    # The parity policy: the extended one pauses nothing where recompute is this cheap.
+    policy = str(PARITY_POLICY) if arm_name == "ours" else None
+    arm = build_arm(arm_name, policy=policy, ttl_s=1.0,
                     clock=lambda: sim.now() if sim is not None else 0.0)
     sim = Simulation(config, arm, scenario.plans(0))
     result = sim.run()
