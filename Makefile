@@ -8,10 +8,23 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# aiperf (NVIDIA's benchmark client) lives in a venv of its own: its dependencies
+# (transformers, pandas, ...) must not change what the Dynamo processes import.
+AIPERF_VENV ?= .venv-aiperf
+AIPERF_VERSION := 0.13.0
+AIPERF_STAMP := $(AIPERF_VENV)/.installed-$(AIPERF_VERSION)
 
-.PHONY: setup test unit e2e lint demo clean
+.PHONY: setup aiperf test unit e2e lint demo clean
 
 setup: $(STAMP)
+
+aiperf: $(AIPERF_STAMP)
+
+$(AIPERF_STAMP):
+	test -x $(AIPERF_VENV)/bin/python || $(PYTHON) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(AIPERF_VENV)/bin/python -m pip install --quiet aiperf==$(AIPERF_VERSION)
+	touch $(AIPERF_STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,14 +40,14 @@ lint: setup
 unit: setup
 	$(PY) -m pytest -q -m "not e2e"
 
-e2e: setup
+e2e: setup aiperf
 	$(PY) -m pytest -q -m e2e
 
-test: lint
+test: lint aiperf
 	$(PY) -m pytest -q
 
 demo: setup
 	$(PY) -m dynamo_thunderagent demo
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(AIPERF_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

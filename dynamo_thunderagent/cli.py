@@ -98,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
         "live", help="interleaved, repeated A/B runs of every arm x N on local stacks")
     add_live_arguments(live)
     live.set_defaults(func=run_live_cli)
+    from dynamo_thunderagent.bench.clients import add_arguments as add_clients_arguments
+    from dynamo_thunderagent.bench.clients import run_clients_cli
+
+    clients = bench_sub.add_parser(
+        "clients", help="aiperf (a standard benchmark client) against each arm, side by side")
+    add_clients_arguments(clients)
+    clients.set_defaults(func=run_clients_cli)
     return parser
 
 

@@ -1,0 +1,392 @@
+"""``dynamo-thunderagent bench clients``: the standard benchmark client (aiperf) against each arm.
+
+What a Dynamo user runs first is NVIDIA's aiperf, not an agent harness. Its multi-turn mode
+puts a session id on every request of a conversation (``--session-header
+X-Dynamo-Session-ID``) and never sends ``X-Dynamo-Session-Final``: every conversation simply
+stops. This command runs the same aiperf command line against a fresh local stack of each arm
+(stock KV routing, ours, and optionally the ports), for each workload and concurrency, in an
+order rotated between repeats, and reports requests/s, TTFT percentiles and errors side by
+side, with ours' ratios to stock and the router's state after the run (programs retained,
+tracked requests, pauses).
+
+Workloads (the exact aiperf flags are in :data:`WORKLOADS`):
+
+* ``one-turn``: 200 one-turn conversations, 200 input / 100 output tokens, streamed;
+* ``multi-turn``: 40 conversations x 6 turns, 300 input / 16 output tokens, 400 ms between
+  turns (aiperf re-sends the whole conversation each turn, so prompts grow to ~1.9k tokens).
+
+aiperf is installed by the Makefile in a virtual environment of its own (``.venv-aiperf``),
+because its dependencies (transformers, pandas, ...) are not the Dynamo processes' business;
+``--aiperf`` or ``$DTA_AIPERF`` point at another installation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+AIPERF_VENV = REPO_ROOT / ".venv-aiperf"
+SESSION_HEADER = "X-Dynamo-Session-ID"
+SUMMARY_FILE = "profile_export_aiperf.json"
+ARM_CHOICES = ("stock", "builtin", "dynamo-python", "ours")
+
+
+@dataclass(frozen=True)
+class AiperfWorkload:
+    """One aiperf workload: its flags, less the target, concurrency and output folder."""
+
+    name: str
+    conversations: int
+    turns: int
+    input_tokens: int
+    output_tokens: int
+    turn_delay_ms: int = 0
+    concurrency: tuple[int, ...] = (2,)
+
+    @property
+    def requests(self) -> int:
+        return self.conversations * self.turns
+
+    def flags(self) -> list[str]:
+        flags = [
+            "--endpoint-type", "chat", "--streaming",
+            "--conversation-num", str(self.conversations),
+            "--conversation-turn-mean", str(self.turns),
+            "--conversation-turn-stddev", "0",
+            "--isl", str(self.input_tokens), "--isl-stddev", "0",
+            "--osl", str(self.output_tokens), "--osl-stddev", "0",
+            "--extra-inputs", "ignore_eos:true",
+            "--session-header", SESSION_HEADER,
+        ]
+        if self.turns == 1:
+            flags += ["--request-count", str(self.requests)]
+        if self.turn_delay_ms:
+            flags += ["--conversation-turn-delay-mean", str(self.turn_delay_ms),
+                      "--conversation-turn-delay-stddev", "0"]
+        return flags
+
+
+WORKLOADS: dict[str, AiperfWorkload] = {
+    "one-turn": AiperfWorkload("one-turn", conversations=200, turns=1, input_tokens=200,
+                               output_tokens=100, concurrency=(2, 20, 64)),
+    "multi-turn": AiperfWorkload("multi-turn", conversations=40, turns=6, input_tokens=300,
+                                 output_tokens=16, turn_delay_ms=400, concurrency=(8, 20, 64)),
+}
+
+
+def find_aiperf(explicit: str | None = None) -> str:
+    """The aiperf executable: ``explicit``, ``$DTA_AIPERF``, ``.venv-aiperf`` or PATH."""
+    for candidate in (explicit, os.environ.get("DTA_AIPERF"),
+                      str(AIPERF_VENV / "bin" / "aiperf"), shutil.which("aiperf")):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError(
+        "aiperf not found: run `make aiperf` (installs aiperf 0.13 into .venv-aiperf), or "
+        "pass --aiperf PATH / set DTA_AIPERF")
+
+
+def aiperf_command(aiperf: str, stack: LocalStack, workload: AiperfWorkload, concurrency: int,
+                   artifacts: Path, seed: int = 42) -> list[str]:
+    """The aiperf command line for one run (the URL without /v1: aiperf appends the path)."""
+    return [
+        aiperf, "profile", "--model", stack.config.model_name,
+        "--url", stack.url.removesuffix("/v1"), "--tokenizer", str(stack.model_path),
+        *workload.flags(), "--concurrency", str(concurrency),
+        "--ui", "none", "--no-server-metrics", "--no-gpu-telemetry",
+        "--random-seed", str(seed), "--output-artifact-dir", str(artifacts),
+    ]
+
+
+def aiperf_env() -> dict[str, str]:
+    """aiperf's environment: no hub lookups, nothing but loopback traffic.
+
+    aiperf 0.13 resolves a local tokenizer folder through the hub cache when
+    ``HF_HUB_OFFLINE`` is set (and then fails), so that variable is removed; any
+    stray hub request goes to a closed loopback proxy instead of the network.
+    """
+    env = dict(os.environ)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        env.pop(name, None)
+    closed = "http://127.0.0.1:9"
+    env.update(HTTP_PROXY=closed, HTTPS_PROXY=closed, http_proxy=closed, https_proxy=closed,
+               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost",
+               HF_HUB_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+@dataclass
+class ClientRun:
+    """One aiperf run against one arm, as aiperf and (arm ours) the router reported it."""
+
+    workload: str
+    concurrency: int
+    arm: str
+    repeat: int
+    requests_per_s: float | None = None
+    ttft_ms: dict[str, float] = field(default_factory=dict)  # p50, p90, p99, max
+    completed: int = 0
+    errors: int = 0
+    duration_s: float | None = None
+    returncode: int = 0
+    failure: str | None = None
+    router: dict[str, Any] | None = None  # arm ours: /state after the run
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and self.returncode == 0
+
+
+def parse_summary(path: Path) -> dict[str, Any]:
+    """requests/s, TTFT percentiles, completed and errored requests from aiperf's summary."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+
+    def avg(key: str) -> float | None:
+        value = (data.get(key) or {}).get("avg")
+        return None if value is None else float(value)
+
+    ttft = data.get("time_to_first_token") or {}
+    return {
+        "requests_per_s": avg("request_throughput"),
+        "ttft_ms": {k: float(ttft[k]) for k in ("p50", "p90", "p99", "max") if k in ttft},
+        "completed": int(avg("request_count") or 0),
+        # aiperf leaves the key out when nothing failed.
+        "errors": int(avg("error_request_count") or 0),
+        "duration_s": avg("benchmark_duration"),
+    }
+
+
+def run_aiperf(stack: LocalStack, workload: AiperfWorkload, concurrency: int, artifacts: Path,
+               *, aiperf: str, timeout_s: float = 300.0, seed: int = 42) -> dict[str, Any]:
+    """Run aiperf once against ``stack``; the parsed summary plus ``returncode``/``failure``."""
+    artifacts.mkdir(parents=True, exist_ok=True)
+    command = aiperf_command(aiperf, stack, workload, concurrency, artifacts, seed)
+    (artifacts / "command.txt").write_text(" ".join(command) + "\n", encoding="utf-8")
+    with open(artifacts / "aiperf.log", "wb") as log:
+        try:
+            returncode = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
+                                        env=aiperf_env(), timeout=timeout_s,
+                                        check=False).returncode
+        except subprocess.TimeoutExpired:
+            return {"returncode": 124, "failure": f"aiperf ran past {timeout_s:.0f} s"}
+    summary = artifacts / SUMMARY_FILE
+    if not summary.is_file():
+        tail = (artifacts / "aiperf.log").read_text(errors="replace")[-600:]
+        return {"returncode": returncode,
+                "failure": f"aiperf wrote no {SUMMARY_FILE} (rc={returncode}): {tail}"}
+    return {"returncode": returncode, "failure": None, **parse_summary(summary)}
+
+
+def router_state(stack: LocalStack) -> dict[str, Any] | None:
+    """The parts of our router's /state a reader needs after a run (None: not arm ours)."""
+    if stack.state_url is None:
+        return None
+    with urllib.request.urlopen(stack.state_url, timeout=10) as response:
+        state = json.loads(response.read())
+    scheduler = state["scheduler"]
+    moved = sum(1 for p in scheduler["programs"].values() if p["moves"])
+    return {
+        "programs": len(scheduler["programs"]),
+        "programs_moved": moved,
+        "tracked_requests": scheduler["tracked_requests"],
+        "in_flight": state["in_flight"],
+        "waiting_for_room": scheduler.get("waiting_for_room"),
+        "dormant": scheduler.get("dormant"),
+        "counters": scheduler["counters"],
+        "router": {k: state["router"][k] for k in
+                   ("requests", "completed", "aborted", "rejected", "errors")},
+        "usage_tokens": {rank: r["usage_tokens"] for rank, r in scheduler["ranks"].items()},
+    }
+
+
+def run_one(arm: str, workload: AiperfWorkload, concurrency: int, repeat: int, out: Path,
+            *, aiperf: str, policy: Path | None, timeout_s: float) -> ClientRun:
+    """A fresh stack of ``arm``, one aiperf run, the router's state, the stack stopped."""
+    name = f"{workload.name}-c{concurrency}-r{repeat}-{arm}"
+    result = ClientRun(workload.name, concurrency, arm, repeat)
+    config = StackConfig(arm=arm, run_dir=out / "runs" / name,  # type: ignore[arg-type]
+                         policy=policy if arm in ("ours", "builtin") else None)
+    try:
+        with LocalStack(config) as stack:
+            outcome = run_aiperf(stack, workload, concurrency, out / "aiperf" / name,
+                                 aiperf=aiperf, timeout_s=timeout_s)
+            result.router = router_state(stack)
+    except Exception as error:  # a stack that failed to start is a failed run, not a crash
+        result.failure = f"{type(error).__name__}: {error}"
+        return result
+    result.returncode = int(outcome.pop("returncode"))
+    result.failure = outcome.pop("failure")
+    for key, value in outcome.items():
+        setattr(result, key, value)
+    return result
+
+
+# ---- report ----------------------------------------------------------------------------
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize(runs: list[ClientRun]) -> list[dict[str, Any]]:
+    """One row per (workload, concurrency, arm): means over repeats, ratios to stock."""
+    groups: dict[tuple[str, int, str], list[ClientRun]] = {}
+    for run in runs:
+        groups.setdefault((run.workload, run.concurrency, run.arm), []).append(run)
+    rows = []
+    for (workload, concurrency, arm), group in groups.items():
+        good = [r for r in group if r.ok and r.requests_per_s is not None]
+        row: dict[str, Any] = {
+            "workload": workload, "concurrency": concurrency, "arm": arm,
+            "runs": len(group), "failed_runs": len(group) - len(good),
+            "requests_per_s": _mean([r.requests_per_s or 0.0 for r in good]),
+            "requests_per_s_each": [r.requests_per_s for r in good],
+            "errors": sum(r.errors for r in group),
+        }
+        for key in ("p50", "p90", "p99", "max"):
+            row[f"ttft_{key}_ms"] = _mean([r.ttft_ms[key] for r in good if key in r.ttft_ms])
+        rows.append(row)
+    by_key = {(r["workload"], r["concurrency"], r["arm"]): r for r in rows}
+    for row in rows:
+        stock = by_key.get((row["workload"], row["concurrency"], "stock"))
+        rps, base = row["requests_per_s"], stock and stock["requests_per_s"]
+        row["rps_vs_stock"] = rps / base if rps and base else None
+        p99, base_p99 = row["ttft_p99_ms"], stock and stock["ttft_p99_ms"]
+        row["ttft_p99_vs_stock"] = p99 / base_p99 if p99 and base_p99 else None
+    return rows
+
+
+def _fmt(value: float | None, spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def markdown(rows: list[dict[str, Any]], runs: list[ClientRun]) -> str:
+    lines = [
+        "| workload | concurrency | arm | requests/s | vs stock | TTFT p50 / p90 / p99 / max (ms)"
+        " | p99 vs stock | errors | failed runs |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        ttft = " / ".join(_fmt(row[f"ttft_{k}_ms"], ",.0f") for k in ("p50", "p90", "p99", "max"))
+        lines.append(
+            f"| {row['workload']} | {row['concurrency']} | {row['arm']} | "
+            f"{_fmt(row['requests_per_s'])} | {_fmt(row['rps_vs_stock'], '.2f', 'x')} | {ttft} | "
+            f"{_fmt(row['ttft_p99_vs_stock'], '.2f', 'x')} | {row['errors']} | "
+            f"{row['failed_runs']} |")
+    ours = [r for r in runs if r.router is not None]
+    if ours:
+        lines += ["", "Our router after each run (programs retained, tracked requests, pauses "
+                  "under pressure / idle programs paused to make room, programs that moved):", "",
+                  "| run | programs | tracked | waiting for room | dormant | pauses / idle pauses"
+                  " | moved | router completed / aborted / rejected |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for run in ours:
+            s = run.router or {}
+            c, r = s.get("counters", {}), s.get("router", {})
+            lines.append(
+                f"| {run.workload} c{run.concurrency} r{run.repeat} | {s.get('programs')} | "
+                f"{s.get('tracked_requests')} | {s.get('waiting_for_room')} | {s.get('dormant')}"
+                f" | {c.get('pauses')} / {c.get('idle_pauses')} | {s.get('programs_moved')} | "
+                f"{r.get('completed')} / {r.get('aborted')} / {r.get('rejected')} |")
+    failures = [r for r in runs if r.failure]
+    if failures:
+        lines += ["", "Failed runs:", ""]
+        lines += [f"- {r.workload} c{r.concurrency} r{r.repeat} {r.arm}: {r.failure}"
+                  for r in failures]
+    return "\n".join(lines)
+
+
+# ---- CLI -------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arms", default="stock,ours",
+                        help=f"comma-separated arms from {', '.join(ARM_CHOICES)} "
+                             "(default: stock,ours)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"comma-separated from {', '.join(WORKLOADS)} (default: both)")
+    parser.add_argument("--concurrency", default=None,
+                        help="comma-separated concurrencies for every workload (default: "
+                             "one-turn 2,20,64; multi-turn 8,20,64)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each (workload, concurrency, arm), arms rotated")
+    parser.add_argument("--policy", type=Path, default=None,
+                        help="router-policy YAML for arm ours (default: the extended policy)")
+    parser.add_argument("--aiperf", default=None, help="aiperf executable (default: "
+                        ".venv-aiperf/bin/aiperf, $DTA_AIPERF, or PATH)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds one aiperf run may take (default: 300)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default bench-results/clients-<UTC time>/)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _choices(text: str, allowed: tuple[str, ...] | list[str], what: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    bad = [item for item in items if item not in allowed]
+    if bad or not items:
+        raise SystemExit(f"error: --{what}: {', '.join(bad) or 'empty'} not in "
+                         f"{', '.join(allowed)}")
+    return items
+
+
+def run_clients_cli(args: argparse.Namespace) -> int:
+    arms = _choices(args.arms, ARM_CHOICES, "arms")
+    workloads = [WORKLOADS[w] for w in _choices(args.workloads, list(WORKLOADS), "workloads")]
+    if args.repeats < 1:
+        raise SystemExit("error: --repeats must be >= 1")
+    try:
+        concurrency = (None if args.concurrency is None else
+                       tuple(int(c) for c in args.concurrency.split(",") if c.strip()))
+    except ValueError:
+        raise SystemExit("error: --concurrency takes integers, e.g. 2,20,64") from None
+    if concurrency is not None and (not concurrency or min(concurrency) < 1):
+        raise SystemExit("error: --concurrency values must be >= 1")
+    try:
+        aiperf = find_aiperf(args.aiperf)
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out: Path = args.out or Path("bench-results") / f"clients-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    runs: list[ClientRun] = []
+    for workload in workloads:
+        for level in concurrency or workload.concurrency:
+            for repeat in range(args.repeats):
+                shift = repeat % len(arms)  # rotate the order so noise is not one arm's bias
+                for arm in arms[shift:] + arms[:shift]:
+                    run = run_one(arm, workload, level, repeat, out, aiperf=aiperf,
+                                  policy=args.policy, timeout_s=args.timeout)
+                    runs.append(run)
+                    if not args.json:
+                        print(f"{workload.name} c{level} r{repeat} {arm}: "
+                              f"{_fmt(run.requests_per_s, '.2f')} req/s, TTFT p99 "
+                              f"{_fmt(run.ttft_ms.get('p99'), '.0f')} ms, errors {run.errors}"
+                              + (f", FAILED: {run.failure}" if run.failure else ""),
+                              flush=True)
+    rows = summarize(runs)
+    report = {
+        "command": " ".join(sys.argv),
+        "aiperf": aiperf,
+        "workloads": {w.name: asdict(w) for w in workloads},
+        "rows": rows,
+        "runs": [asdict(r) for r in runs],
+    }
+    (out / "results.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    table = markdown(rows, runs)
+    (out / "results.md").write_text(table + "\n", encoding="utf-8")
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print()
+        print(table)
+        print(f"\nraw data: {out}/results.json, aiperf artifacts under {out}/aiperf/")
+    return 0 if all(r.ok for r in runs) else 1

@@ -1,0 +1,66 @@
+"""aiperf, the benchmark client Dynamo users run first, against stock and ours on the real stack.
+
+Brief versions of ``bench clients``' two workloads (one-turn conversations, and multi-turn
+conversations that never send session-final), each with a session id on every request. What
+is checked is what must hold on any machine: every request completes with no error on both
+arms, and on ours every turn of a conversation stayed on one worker, nothing is left tracked
+and the conversations' programs no longer wait for room. The throughput comparison is a
+benchmark (``dynamo-thunderagent bench clients``, docs/benchmarks.md), not a test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from dynamo_thunderagent.bench.clients import AiperfWorkload, find_aiperf, router_state, run_aiperf
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(importlib.util.find_spec("dynamo") is None,
+                       reason="needs ai-dynamo 1.6.1 installed"),
+]
+
+ONE_TURN = AiperfWorkload("one-turn", conversations=40, turns=1, input_tokens=200,
+                          output_tokens=20)
+MULTI_TURN = AiperfWorkload("multi-turn", conversations=12, turns=4, input_tokens=300,
+                            output_tokens=16, turn_delay_ms=100)
+
+
+@pytest.fixture(scope="module")
+def aiperf() -> str:
+    try:
+        return find_aiperf()
+    except FileNotFoundError as error:
+        pytest.fail(f"{error} (make test installs it)")
+
+
+@pytest.mark.parametrize("arm", ["stock", "ours"])
+def test_aiperf_completes_every_request_and_ours_keeps_each_session_on_one_worker(
+        arm: str, aiperf: str, tmp_path: Path) -> None:
+    from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
+
+    config = StackConfig(arm=arm, num_workers=2, run_dir=tmp_path / "run", startup_timeout_s=60)
+    with LocalStack(config) as stack:
+        for workload, concurrency in ((ONE_TURN, 8), (MULTI_TURN, 6)):
+            result = run_aiperf(stack, workload, concurrency, tmp_path / workload.name,
+                                aiperf=aiperf, timeout_s=180)
+            where = f"{arm} {workload.name}: {result.get('failure')}"
+            assert result["failure"] is None and result["returncode"] == 0, where
+            assert result["errors"] == 0, where
+            assert result["completed"] == workload.requests, where
+        state = router_state(stack)
+    if arm == "stock":
+        return
+    assert state is not None
+    total = ONE_TURN.requests + MULTI_TURN.requests
+    assert state["router"]["completed"] == total, state
+    assert state["router"]["aborted"] == state["router"]["rejected"] == 0, state
+    assert state["tracked_requests"] == 0 and state["in_flight"] == 0, state
+    assert state["waiting_for_room"] == 0, state
+    # One program per conversation, each served by one worker/rank throughout.
+    assert state["programs"] == ONE_TURN.conversations + MULTI_TURN.conversations, state
+    assert state["programs_moved"] == 0, state
+    assert state["counters"]["moves"] == 0, state
