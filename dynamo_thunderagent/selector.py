@@ -38,6 +38,10 @@ class WorkerSelector(ABC):
     """Picks the worker/rank a request is routed to."""
 
     Parameters: ClassVar[type[BaseModel]] = EmptyParameters
+    # True for a selector that always routes to a live preferred worker/rank: the
+    # router then skips the KV router's load prediction for such requests (one call
+    # on every pinned turn's path) and asks for loads only when it must choose.
+    takes_live_preferred: ClassVar[bool] = False
 
     def __init__(self, parameters: BaseModel) -> None:
         self.parameters = parameters
@@ -56,6 +60,8 @@ class ThunderAgentSelector(WorkerSelector):
     size; ties go to the lowest (worker_id, dp_rank) so that the same loads
     always give the same choice.
     """
+
+    takes_live_preferred: ClassVar[bool] = True
 
     def select(
         self, candidates: Sequence[WorkerLoad], preferred: WorkerKey | None, block_size: int

@@ -215,8 +215,13 @@ class ThunderAgentRouter:
         """The request to send and the worker/rank it is pinned to (None: KV router's pick)."""
         if not admission.tracked:
             return request, None  # no session: the KV router's own choice
+        live = self._live_ids()
+        preferred = admission.preferred
+        if (preferred is not None and preferred.worker_id in live
+                and self.selector.takes_live_preferred):
+            return pin_request(request, preferred), preferred
         loads = await self.kv_router.get_potential_loads(list(request.get("token_ids") or []))
-        candidates = worker_loads(loads, self._live_ids())
+        candidates = worker_loads(loads, live)
         if not candidates:
             raise NoEligibleWorker("no live worker serves this model")
         target = self.selector.select(candidates, admission.preferred, self.block_size)

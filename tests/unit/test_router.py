@@ -216,6 +216,19 @@ async def test_later_turns_stay_on_the_programs_worker_even_when_another_is_idle
     assert h.program("s").steps == 2
 
 
+async def test_a_turn_pinned_to_a_live_worker_skips_the_load_query() -> None:
+    h = Harness()
+    await collect(h.router, turn("s"), "r1")  # placed by the scheduler on a live worker
+    await collect(h.router, turn("s", tokens=20), "r2")  # sticky and live
+    assert h.kv.load_queries == 0
+    h.cards.cards = {}  # no capacity known: the scheduler names no worker for a new
+    h.router.refresh_workers()  # program, and the selector chooses from the KV router's loads
+    h.kv.loads = {A: 5_000, B: 0}
+    await collect(h.router, turn("t", tokens=30), "r3")
+    assert h.kv.load_queries == 1
+    assert h.kv.requests[2]["routing"]["backend_instance_id"] == B
+
+
 async def test_requests_without_a_session_pass_through_unpinned_and_untracked() -> None:
     h = Harness()
     request = turn(None)
