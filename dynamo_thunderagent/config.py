@@ -112,6 +112,10 @@ class ThunderAgentParameters(_Strict):
     pressure_decay: bool = False
     """Use the decayed usage (ACTING tokens weighted by 2^(-idle/tau)) on the pause side
     too, so that pausing and resuming agree on how full a worker/rank is."""
+    placement: Literal["least_used", "least_busy"] = "least_used"
+    """Where a program without a live worker goes, among the ranks with room for it: the
+    least used (parity), or the one serving the fewest prompt tokens right now, so that
+    turns spread over workers by current load, not by idle programs' charge."""
     pause_order: Literal["smallest", "longest_idle"] = "smallest"
     """Which ACTING programs pause first under pressure: the smallest (parity) or the
     ones whose tool has run longest (least likely to return soon)."""

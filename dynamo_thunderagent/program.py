@@ -107,3 +107,16 @@ class TrackedRequest:
     released_at: float | None = None
     sent_to: WorkerKey | None = None
     responding: bool = False
+    # The program as it was before this turn started, restored if the turn aborts: an
+    # aborted turn put nothing new in the cache, so it must not leave its prompt size,
+    # a move made at release or a reset tool clock behind.
+    prior: ProgramSnapshot | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramSnapshot:
+    tokens: int
+    worker: WorkerKey | None
+    acting_since: float | None
+    prefix_blocks: tuple[int, ...]
+    prefix_block_tokens: int

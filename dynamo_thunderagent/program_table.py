@@ -158,6 +158,11 @@ class ProgramTable:
         """Usage of every rank that has any (read-only view)."""
         return self._usage
 
+    def reasoning_tokens(self, worker: WorkerKey) -> int:
+        """Prompt tokens of the turns on ``worker`` right now (its compute load)."""
+        ledger = self._ledger.get(worker)
+        return 0 if ledger is None else ledger.reasoning_tokens
+
     def decayed_usage(self, worker: WorkerKey, now: float) -> float:
         """Usage of ``worker`` with ACTING programs decayed by their idle time."""
         ledger = self._ledger.get(worker)

@@ -29,6 +29,7 @@ from dynamo_thunderagent.program import (
     Lifecycle,
     Phase,
     Program,
+    ProgramSnapshot,
     RequestState,
     TrackedRequest,
     WorkerKey,
@@ -193,6 +194,14 @@ class Scheduler:
         if len(table.requests) >= limit:
             return self._reject(d, request_id, f"the scheduler already tracks {limit} requests "
                                 f"(max_tracked_requests={limit}); retry later")
+        known = self.capacity.known
+        if not session_final and known:
+            largest = max(known.values())
+            if input_tokens > largest:
+                # It would wait for room that never comes; the engine could not run it either.
+                return self._reject(d, request_id, f"the prompt has {input_tokens} tokens, more "
+                                    f"than the KV capacity of any worker/rank (largest: "
+                                    f"{largest} tokens); shorten it or add larger workers")
         program = table.programs.get(session_id)
         if session_final:
             if program is None:
@@ -248,6 +257,8 @@ class Scheduler:
         program.current = request.request_id
         program.last_active = now
         request.state = RequestState.DEFERRED
+        request.prior = ProgramSnapshot(program.tokens, program.worker, program.acting_since,
+                                        program.prefix_blocks, program.prefix_block_tokens)
         with self.table.changing(program):
             program.phase = Phase.REASONING
             program.tokens = request.input_tokens
@@ -287,15 +298,18 @@ class Scheduler:
         # tight loop over precomputed usage (ranks are visited in key order,
         # so the strict < keeps the lowest worker/rank on equal usage).
         best: WorkerKey | None = None
-        best_fraction = float("inf")
+        best_key = (float("inf"), float("inf"))
         threshold = self.params.pause_threshold
         usage_of = self.table.usage_by_rank.get
+        busy_of = self.table.reasoning_tokens if self.params.placement == "least_busy" else None
         for worker, capacity in self.capacity.known.items():
             usage = usage_of(worker, 0.0)
             if need is None or usage + need <= capacity * threshold:
-                fraction = usage / capacity
-                if fraction < best_fraction:
-                    best, best_fraction = worker, fraction
+                # least_busy: of the ranks with room, the one with the fewest prompt tokens
+                # being served now (it starts the new turn soonest), then the least used.
+                key = (busy_of(worker) / capacity if busy_of else 0.0, usage / capacity)
+                if key < best_key:
+                    best, best_key = worker, key
         return best
 
     def _release(self, program: Program, request: TrackedRequest, worker: WorkerKey | None,
@@ -480,9 +494,18 @@ class Scheduler:
             self._room_appeared(now, d)
             return d
         program.last_active = now
+        prior = request.prior
         with self.table.changing(program):
             program.phase = Phase.ACTING
             program.acting_since = now
+            if prior is not None:  # the aborted turn left nothing in the cache
+                program.tokens = prior.tokens
+                program.prefix_blocks = prior.prefix_blocks
+                program.prefix_block_tokens = prior.prefix_block_tokens
+                if prior.acting_since is not None:
+                    program.acting_since = prior.acting_since
+                if prior.worker is not None and self.capacity.is_live(prior.worker):
+                    program.worker = prior.worker  # where its cache is
         if program.marked_for_pause:
             self._pause(program, now, d)
         self._advance(program, now, d)

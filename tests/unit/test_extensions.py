@@ -171,8 +171,9 @@ def test_extension_defaults_are_the_parity_behaviour() -> None:
 
     p = ThunderAgentParameters()
     assert (p.resume_on_events, p.pressure_decay, p.pause_order, p.shared_prefix_accounting,
-            p.resume_affinity, p.max_wait_seconds, p.min_residency_seconds) == (
-        False, False, "smallest", False, False, None, 0.0)
+            p.resume_affinity, p.max_wait_seconds, p.min_residency_seconds, p.placement,
+            p.idle_horizon_factor, p.pause_min_recompute_ratio) == (
+        False, False, "smallest", False, False, None, 0.0, "least_used", None, None)
     assert WorkerKey(0) == W0
 
 
@@ -234,3 +235,13 @@ def test_cost_meter_smooths_and_ignores_small_prefills() -> None:
     for _ in range(4):  # 5.75 -> 2.9 -> 1.5 -> 0.8 -> 0.45: below the old low
         meter.observe(None, None, 0.1)
     assert meter.decode_seconds is not None and meter.decode_seconds < 1.0  # and falls
+
+
+def test_least_busy_placement_spreads_new_turns_over_workers_by_current_load() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, placement="least_busy")
+    h.workers({W0: 10_000, W1: 10_000})
+    h.acting_on("idle", W1, 3_000)  # W1 holds an idle program's charge, W0 nothing
+    first, d = h.turn("a", 200)
+    assert d.outcome(first).worker == W0  # type: ignore[union-attr]
+    second, d = h.turn("b", 200)  # parity would pick W0 again (0.04 < 0.30 used)
+    assert d.outcome(second).worker == W1  # type: ignore[union-attr]

@@ -70,7 +70,7 @@ PARAMETER_SETS = [
     dict(buffer_per_program=10, resume_on_events=True, resume_affinity=True,
          idle_horizon_factor=2.0, idle_horizon_min_seconds=0.5, max_turns_per_session=3),
     dict(buffer_per_program=30, idle_horizon_factor=1.0, idle_horizon_min_seconds=0.0,
-         min_residency_seconds=3.0),
+         min_residency_seconds=3.0, placement="least_busy"),
 ]
 PREFIX_BLOCK_TOKENS = 8
 

@@ -82,7 +82,7 @@ def test_stale_card_of_a_departed_worker_is_not_used(h: Harness) -> None:
     assert WorkerKey(1, 0) not in h.scheduler.capacity.known
     rid, d = h.turn("a", 100)
     assert released_to(d, rid) == W0
-    rid, d = h.turn("b", 5_000)  # would fit only on the stale card
+    rid, d = h.turn("b", 900)  # would fit only on the stale card
     assert d.outcome(rid) is None
 
 
@@ -171,7 +171,7 @@ def test_resume_picks_waiting_turn_then_new_then_acting_each_smallest_first(
     for name, size in [("act-big", 900), ("act-small", 800), ("wait-big", 700),
                        ("wait-small", 600)]:
         h.acting_on(name, W0, size)
-    h.workers({W0: 1})  # everything over threshold: pause all ACTING programs
+    h.workers({W0: 1_000})  # 3,000 tokens, far over threshold: pause all ACTING programs
     assert sorted(h.tick().paused) == ["act-big", "act-small", "wait-big", "wait-small"]
     _rw_big, _ = h.turn("wait-big", 700)
     _rw_small, _ = h.turn("wait-small", 600)
@@ -205,7 +205,7 @@ def test_deferral_past_resume_timeout_is_force_released_on_worker_with_most_deca
     h.workers({W0: 1_000, W1: 1_200})
     h.acting_on("a", W0, 900)
     h.acting_on("b", W1, 1_100)  # over threshold on W1
-    rid, d = h.turn("c", 2_000)  # never fits
+    rid, d = h.turn("c", 1_150)  # fits no rank while the others hold their room
     assert d.outcome(rid) is None
     h.advance(30)
     assert h.tick().outcome(rid) is None
@@ -334,3 +334,30 @@ def test_session_final_of_an_unknown_session_is_released_at_once(h: Harness) -> 
     final = d.outcome(frid)
     assert isinstance(final, Release) and final.session_final
     assert h.scheduler.table.requests == {}
+
+
+def test_an_aborted_turn_restores_the_program_as_it_was_before_the_turn(h: Harness) -> None:
+    h.workers({W0: 10_000, W1: 10_000})
+    h.acting_on("a", W0, 320)
+    acting_since = h.program("a").acting_since
+    h.advance(2.0)
+    rid, d = h.turn("a", 900)
+    assert released_to(d, rid) == W0
+    h.scheduler.sent(rid, W1, h.now)  # served elsewhere, then failed
+    h.advance(1.0)
+    h.abort(rid)
+    program = h.program("a")
+    assert (program.phase, program.tokens, program.worker) == (Phase.ACTING, 320, W0)
+    assert program.acting_since == acting_since
+    assert h.scheduler.table.usage(W0) == 320 and h.scheduler.table.usage(W1) == 0
+
+
+def test_a_prompt_larger_than_every_worker_is_rejected_at_once(h: Harness) -> None:
+    h.workers({W0: 4_096, W1: 2_048})
+    rid, d = h.turn("huge", 5_000)
+    reject = d.outcome(rid)
+    assert isinstance(reject, Reject)
+    assert "5000 tokens" in reject.reason and "largest: 4096 tokens" in reject.reason
+    assert "huge" not in h.scheduler.table.programs and not h.scheduler.table.requests
+    rid, d = h.turn("fits", 4_000)  # as large as the largest rank allows: waits, or runs
+    assert not isinstance(d.outcome(rid), Reject)
