@@ -370,7 +370,8 @@ def run_clients_cli(args: argparse.Namespace) -> int:
                         print(f"{workload.name} c{level} r{repeat} {arm}: "
                               f"{_fmt(run.requests_per_s, '.2f')} req/s, TTFT p99 "
                               f"{_fmt(run.ttft_ms.get('p99'), '.0f')} ms, errors {run.errors}"
-                              + (f", FAILED: {run.failure}" if run.failure else ""),
+                              + (f", FAILED: {run.failure.splitlines()[0]}"
+                                 if run.failure else ""),
                               flush=True)
     rows = summarize(runs)
     report = {

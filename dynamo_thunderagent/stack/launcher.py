@@ -229,8 +229,10 @@ class LocalStack:
         self.config = base
         self.processes: list[StackProcess] = []
         self.http_port = base.http_port or free_port()
-        self.run_dir = Path(base.run_dir or tempfile.mkdtemp(prefix="dta-stack-"))
-        self.model_path: Path = base.model_path or self.run_dir / "model"
+        # Absolute: the workers read the model folder by path, and a relative one is taken
+        # for a hub repository id (the mocker then fails to start).
+        self.run_dir = Path(base.run_dir or tempfile.mkdtemp(prefix="dta-stack-")).resolve()
+        self.model_path: Path = (base.model_path or self.run_dir / "model").resolve()
         self.policy_path: Path | None = None
         # Our router's loopback state endpoint (GET /state), in arm ours.
         self.state_port: int | None = free_port() if base.arm == "ours" else None

@@ -1,0 +1,82 @@
+"""bench clients: aiperf command lines, summary parsing, the report; and the stack's paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dynamo_thunderagent.bench.clients import (
+    SESSION_HEADER,
+    WORKLOADS,
+    ClientRun,
+    aiperf_env,
+    find_aiperf,
+    markdown,
+    parse_summary,
+    summarize,
+)
+
+
+def test_both_workloads_put_the_session_id_on_every_request() -> None:
+    for workload in WORKLOADS.values():
+        flags = workload.flags()
+        assert flags[flags.index("--session-header") + 1] == SESSION_HEADER
+    multi = WORKLOADS["multi-turn"].flags()
+    assert multi[multi.index("--conversation-turn-delay-mean") + 1] == "400"
+    assert "--request-count" not in multi  # aiperf derives 40 x 6 itself
+    one = WORKLOADS["one-turn"].flags()
+    assert one[one.index("--request-count") + 1] == "200"
+
+
+def test_summary_without_an_error_key_means_no_errors(tmp_path: Path) -> None:
+    path = tmp_path / "profile_export_aiperf.json"
+    path.write_text(json.dumps({
+        "request_throughput": {"avg": 15.5}, "request_count": {"avg": 200},
+        "benchmark_duration": {"avg": 12.9},
+        "time_to_first_token": {"p50": 24.0, "p90": 32.0, "p99": 46.0, "max": 51.0},
+    }))
+    summary = parse_summary(path)
+    assert summary["errors"] == 0 and summary["completed"] == 200
+    assert summary["ttft_ms"] == {"p50": 24.0, "p90": 32.0, "p99": 46.0, "max": 51.0}
+
+
+def test_ratios_are_taken_against_stock_of_the_same_workload_and_concurrency() -> None:
+    runs = [ClientRun("one-turn", 2, "stock", 0, 10.0, {"p99": 50.0}),
+            ClientRun("one-turn", 2, "ours", 0, 9.0, {"p99": 100.0}),
+            ClientRun("one-turn", 2, "ours", 1, 11.0, {"p99": 50.0}),
+            ClientRun("one-turn", 20, "ours", 0, None, {}, failure="StackError: boom")]
+    rows = {(r["concurrency"], r["arm"]): r for r in summarize(runs)}
+    assert rows[(2, "ours")]["rps_vs_stock"] == pytest.approx(1.0)
+    assert rows[(2, "ours")]["ttft_p99_vs_stock"] == pytest.approx(1.5)
+    assert rows[(20, "ours")]["failed_runs"] == 1 and rows[(20, "ours")]["rps_vs_stock"] is None
+    assert "StackError: boom" in markdown(summarize(runs), runs)
+
+
+def test_aiperf_never_runs_with_hub_offline_mode_and_never_leaves_loopback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    env = aiperf_env()
+    assert "HF_HUB_OFFLINE" not in env
+    assert env["HTTPS_PROXY"].startswith("http://127.0.0.1")
+
+
+def test_a_missing_aiperf_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    monkeypatch.setenv("DTA_AIPERF", str(tmp_path / "nope"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("dynamo_thunderagent.bench.clients.AIPERF_VENV", tmp_path / "none")
+    with pytest.raises(FileNotFoundError, match="make aiperf"):
+        find_aiperf()
+
+
+def test_a_relative_run_dir_becomes_absolute(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # The workers read the model folder by path; a relative one is taken for a hub id.
+    from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
+
+    monkeypatch.chdir(tmp_path)
+    stack = LocalStack(StackConfig(run_dir=Path("runs/one")))
+    assert stack.run_dir == tmp_path / "runs" / "one"
+    assert stack.model_path.is_absolute()
