@@ -20,6 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 RESERVED_INSTANCE_NAME = "default"
 STAGES = ("aggregated", "prefill", "decode")
+# A policy file is a few dozen lines; anything far larger is a mistake (or an attack on
+# the YAML parser), refused before it is parsed.
+MAX_POLICY_BYTES = 64 * 1024
+# Bounds on durations (seconds) and sizes: a value outside them is a typo, and some
+# (a scheduler interval of a nanosecond) would burn a core while idle.
+DAY = 86_400.0
 
 
 class PolicyError(ValueError):
@@ -84,20 +90,26 @@ class ThunderAgentParameters(_Strict):
     """ThunderAgent parameters, with Dynamo 1.6's names, defaults and rules.
 
     Fractions are in [0, 1]; durations are > 0; the ACTING weight and decay
-    constant are finite and > 0; limits are > 0.
+    constant are finite and > 0; limits are > 0. On top of Dynamo's rules, types
+    are strict (``"0.9"`` or ``true`` is not a number) and every duration and size
+    has an upper bound (and the scheduler interval a lower one), so that a typo
+    fails at load time instead of misbehaving later.
     """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     pause_threshold: float = Field(0.95, ge=0.0, le=1.0)
     pause_target: float = Field(0.80, ge=0.0, le=1.0)
     resume_hysteresis: float = Field(0.10, ge=0.0, le=1.0)
-    resume_timeout_seconds: float = Field(1800.0, gt=0.0)
-    session_retention_seconds: float = Field(1800.0, gt=0.0)
-    scheduler_interval_seconds: float = Field(5.0, gt=0.0)
-    acting_token_weight: float = Field(1.0, gt=0.0)
-    acting_decay_tau_seconds: float = Field(1.0, gt=0.0)
-    buffer_per_program: int = Field(100, ge=0)
-    max_tracked_requests: int = Field(10_000, gt=0)
-    max_turns_per_session: int = Field(32, gt=0)
+    resume_timeout_seconds: float = Field(1800.0, gt=0.0, le=7 * DAY)
+    session_retention_seconds: float = Field(1800.0, gt=0.0, le=7 * DAY)
+    scheduler_interval_seconds: float = Field(5.0, ge=0.01, le=3600.0)
+    acting_token_weight: float = Field(1.0, gt=0.0, le=1000.0)
+    # A very large tau turns the decay off (2^(-idle/tau) stays 1), hence its wide bound.
+    acting_decay_tau_seconds: float = Field(1.0, gt=0.0, le=1e12)
+    buffer_per_program: int = Field(100, ge=0, le=10_000_000)
+    max_tracked_requests: int = Field(10_000, gt=0, le=10_000_000)
+    max_turns_per_session: int = Field(32, gt=0, le=100_000)
     """Turns one session may have tracked at once (in flight plus queued behind it), so
     that no single session can take every tracked-request slot. Not a Dynamo parameter;
     its default only bounds misbehaving clients (an agent sends one turn at a time)."""
@@ -122,17 +134,17 @@ class ThunderAgentParameters(_Strict):
     shared_prefix_accounting: bool = False
     """Count KV blocks shared by several programs on a worker/rank (a common system
     prompt) once, from the leading block hashes of each request."""
-    shared_prefix_max_blocks: int = Field(256, gt=0)
+    shared_prefix_max_blocks: int = Field(256, gt=0, le=65_536)
     """How many leading blocks of each prompt are hashed for shared-prefix accounting."""
     resume_affinity: bool = False
     """Resume a paused program on the worker/rank that served it last when that rank
     has room (its KV blocks may still be resident), else where there is most room."""
-    max_wait_seconds: float | None = Field(None, gt=0.0)
+    max_wait_seconds: float | None = Field(None, gt=0.0, le=7 * DAY)
     """Aging bound: a turn deferred this long goes to the head of the resume order and
     reserves room (nothing behind it resumes until it fits). None: off."""
-    min_residency_seconds: float = Field(0.0, ge=0.0)
+    min_residency_seconds: float = Field(0.0, ge=0.0, le=DAY)
     """A program resumed or admitted less than this long ago is not paused (churn guard)."""
-    idle_horizon_factor: float | None = Field(None, gt=0.0)
+    idle_horizon_factor: float | None = Field(None, gt=0.0, le=1000.0)
     """Idle programs give way first: an ACTIVE program with no turn in flight or waiting
     that has been idle longer than this many times the longest gap between turns it has
     shown (for a program that finished one turn only: the population's typical gap, or
@@ -140,9 +152,9 @@ class ThunderAgentParameters(_Strict):
     waits for room or any other program is paused. Idle paused programs are then resumed
     when their next turn arrives, not ahead of it, and never hold anyone back. None: off
     (parity: an idle program stays charged until ``session_retention_seconds``)."""
-    idle_horizon_min_seconds: float = Field(0.5, ge=0.0)
+    idle_horizon_min_seconds: float = Field(0.5, ge=0.0, le=DAY)
     """Lower bound of every idle horizon (used while there is no evidence at all)."""
-    pause_min_recompute_ratio: float | None = Field(None, ge=0.0)
+    pause_min_recompute_ratio: float | None = Field(None, ge=0.0, le=1000.0)
     """Pause only when pausing pays: a program is paused (or held back for lack of room)
     only if re-prefilling its context would cost at least this fraction of a turn's
     decode time, both measured from the engine's own timings. Where recompute is cheap,
@@ -208,8 +220,9 @@ def describe_validation_error(where: str, error: ValidationError) -> str:
 
 def parse_policy(data: Any, source: str) -> PolicyConfig:
     """Validate the generic schema (not the type-specific parameters)."""
-    if data is None:
-        data = {}
+    if data is None or data == {}:
+        raise PolicyError(f"{source}: the policy is empty; it needs request_classifier and/or "
+                          "worker_selection (see policies/thunderagent.yaml)")
     if not isinstance(data, dict):
         raise PolicyError(f"{source}: top level must be a mapping with request_classifier "
                           f"and/or worker_selection, got {type(data).__name__}")
@@ -219,14 +232,43 @@ def parse_policy(data: Any, source: str) -> PolicyConfig:
         raise PolicyError(f"{source}: {describe_validation_error('', error).lstrip('.')}") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader that refuses a key given twice in one mapping.
+
+    Plain YAML keeps the last of two equal keys, so a second ``request_classifier:``
+    block would silently drop the first one's parameters.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice (lines {seen[key]} and {line}); "
+                    "give each key once", key_node.start_mark)
+            seen[key] = line
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
+
+
 def read_policy_file(path: str | Path) -> PolicyConfig:
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_POLICY_BYTES + 1)
     except OSError as error:
         raise PolicyError(f"{source}: cannot read policy file: {error.strerror}") from None
+    if len(raw) > MAX_POLICY_BYTES:
+        raise PolicyError(f"{source}: the file is larger than {MAX_POLICY_BYTES // 1024} KiB; "
+                          "a router policy is a few dozen lines")
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise PolicyError(f"{source}: not UTF-8 text: {error}") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as error:
         raise PolicyError(f"{source}: not valid YAML: {error}") from None
     return parse_policy(data, source)

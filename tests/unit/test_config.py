@@ -64,6 +64,31 @@ def test_default_policy_uses_only_parameters_dynamo_knows() -> None:
          "acting_decay_tau_seconds"),
         ("request_classifier: {type: thunderagent, parameters: {max_tracked_requests: 0}}\n",
          "max_tracked_requests"),
+        ("request_classifier: {type: thunderagent, parameters: {pause_threshold: \"0.9\"}}\n",
+         "pause_threshold: Input should be a valid number"),
+        ("request_classifier: {type: thunderagent, parameters: {pause_threshold: true}}\n",
+         "pause_threshold: Input should be a valid number"),
+        ("request_classifier: {type: thunderagent, parameters: {buffer_per_program: 1.5}}\n",
+         "buffer_per_program: Input should be a valid integer"),
+        ("request_classifier: {type: thunderagent, parameters: "
+         "{scheduler_interval_seconds: 1.0e-9}}\n",
+         "scheduler_interval_seconds: Input should be greater than or equal to 0.01"),
+        ("request_classifier: {type: thunderagent, parameters: "
+         "{session_retention_seconds: 1.0e+12}}\n",
+         "session_retention_seconds: Input should be less than or equal to 604800"),
+        ("request_classifier: {type: thunderagent, parameters: {max_tracked_requests: 1e99}}\n",
+         "max_tracked_requests"),
+        ("request_classifier: {type: thunderagent, parameters: {resume_on_events: \"yes\"}}\n",
+         "resume_on_events: Input should be a valid boolean"),
+        ("request_classifier: {type: thunderagent, parameters: {pause_threshold: 0.9}}\n"
+         "request_classifier: {type: thunderagent}\n",
+         "key 'request_classifier' appears twice (lines 1 and 2)"),
+        ("request_classifier:\n  type: thunderagent\n  parameters:\n"
+         "    buffer_per_program: 10\n    buffer_per_program: 20\n",
+         "key 'buffer_per_program' appears twice"),
+        ("", "the policy is empty"),
+        ("# only a comment\n", "the policy is empty"),
+        ("{}\n", "the policy is empty"),
         ("- a list\n", "top level must be a mapping"),
         ("request_classifier: [\n", "not valid YAML"),
     ],
@@ -128,3 +153,25 @@ def test_unknown_type_lists_registered_types() -> None:
     expected = r"unknown type 'x'; registered types: \['thunderagent'\]"
     with pytest.raises(PluginError, match=expected):
         builtin_catalog().request_classifiers.get("x")
+
+
+def test_a_huge_policy_file_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    import time
+
+    path = tmp_path / "huge.yaml"
+    with open(path, "w") as handle:
+        handle.write("request_classifier: {type: thunderagent}\nunknown:\n")
+        line = "  - " + "x" * 1000 + "\n"
+        for _ in range(50_000):  # 50 MB under an unknown key
+            handle.write(line)
+    started = time.monotonic()
+    with pytest.raises(PolicyError, match="larger than 64 KiB"):
+        load_policy(path)
+    assert time.monotonic() - started < 5  # refused by its size, not after parsing it
+
+
+def test_a_policy_that_is_not_utf8_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"request_classifier: {type: thunderagent}  # caf\xe9\n")
+    with pytest.raises(PolicyError, match="not UTF-8"):
+        load_policy(path)

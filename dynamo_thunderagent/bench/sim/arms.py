@@ -333,7 +333,7 @@ UPSTREAM_PARAMETERS = ThunderAgentParameters(
     pause_target=1.0,
     resume_hysteresis=0.0,
     resume_timeout_seconds=1800.0,
-    session_retention_seconds=1e9,
+    session_retention_seconds=7 * 86_400.0,  # the longest allowed: never, in any simulation
     scheduler_interval_seconds=5.0,
     acting_token_weight=1.0,
     acting_decay_tau_seconds=1e12,  # 2^(-idle/tau) == 1 for any simulated idle time
