@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.config import EmptyParameters, ThunderAgentParameters
 from dynamo_thunderagent.costs import EngineCosts
-from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.program import RequestState, WorkerKey
 from dynamo_thunderagent.scheduler import Decisions, Reject, Release, Scheduler
 
 log = structlog.get_logger("dynamo_thunderagent")
@@ -137,6 +137,14 @@ class RequestClassifier(ABC):
     def tick(self) -> None:
         """Periodic decisions (pressure, resume, expiry)."""
 
+    def admitted(self) -> Mapping[str, float]:
+        """Requests admitted and not yet ended, with when (this classifier's clock).
+
+        The shell ends any that it is not forwarding (a safety net: an admitted
+        request nobody forwards would hold its session's turn for ever).
+        """
+        return {}
+
     def snapshot(self) -> dict[str, Any]:
         """Plain-data state for the router's state endpoint."""
         return {}
@@ -225,6 +233,11 @@ class ThunderAgentClassifier(RequestClassifier):
                      paused=len(decisions.paused), resumed=len(decisions.resumed),
                      marked=len(decisions.marked), expired=len(decisions.expired),
                      forced=len(decisions.forced), waiting=len(self._waiters))
+
+    def admitted(self) -> Mapping[str, float]:
+        return {rid: request.released_at
+                for rid, request in self.scheduler.table.requests.items()
+                if request.state is RequestState.RELEASED and request.released_at is not None}
 
     def snapshot(self) -> dict[str, Any]:
         state = self.scheduler.snapshot(self.clock())

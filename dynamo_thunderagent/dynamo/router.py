@@ -58,6 +58,10 @@ SAMPLE_LIMIT = 20_000
 # with file discovery); without this, sticky programs would keep failing on it and
 # new programs could be placed on it because it looks idle.
 UNREACHABLE_SECONDS = 15.0
+# An admitted request that the router is not forwarding this long after admission is
+# ended as aborted (see reap_orphans). Forwarding starts in the same loop step as
+# admission, so any positive bound is safe; a few seconds keeps the log quiet.
+ORPHAN_SECONDS = 5.0
 
 
 def _client_error(message: str) -> Exception:
@@ -92,6 +96,7 @@ class RouterStats:
     aborted: int = 0
     rejected: int = 0
     errors: int = 0
+    orphans: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     admission_wait_s: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLE_LIMIT))
@@ -104,6 +109,7 @@ class RouterStats:
             "requests": self.requests, "passthrough": self.passthrough,
             "session_final": self.session_final, "completed": self.completed,
             "aborted": self.aborted, "rejected": self.rejected, "errors": self.errors,
+            "orphans": self.orphans,
             "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
             "hit_rate": (self.cached_tokens / self.prompt_tokens) if self.prompt_tokens else None,
             "admission_wait_p50_s": pct(0.5), "admission_wait_p99_s": pct(0.99),
@@ -151,8 +157,15 @@ class ThunderAgentRouter:
             request, request_id, block_tokens=self.block_size,
             prefix_blocks=self.classifier.prefix_blocks_wanted)
         started = self.clock()
+
+        def orphaned(admission: Admission) -> None:
+            # Admitted in the same loop step in which this handler was cancelled: nobody
+            # will forward it, so end it now or its session waits behind it for ever.
+            self._report(admission, [Aborted(request_id, "handler cancelled at admission")])
+
         try:
-            admission = await _until_stopped(self.classifier.classify(classify_input), context)
+            admission = await _until_stopped(self.classifier.classify(classify_input), context,
+                                             orphaned)
         except AdmissionRejected as rejected:
             self.stats.rejected += 1
             raise _client_error(
@@ -281,8 +294,21 @@ class ThunderAgentRouter:
             await asyncio.sleep(interval)
             try:
                 self.classifier.tick()
+                self.reap_orphans()
             except Exception as error:  # a bug must not stop scheduling
                 log.exception("scheduler.tick_failed", error=repr(error))
+
+    def reap_orphans(self) -> list[str]:
+        """End admitted requests that nothing forwards (ids returned); see ORPHAN_SECONDS."""
+        now = self.classifier.clock()
+        orphans = [rid for rid, at in self.classifier.admitted().items()
+                   if rid not in self.in_flight and now - at >= ORPHAN_SECONDS]
+        for rid in orphans:
+            log.warning("request.orphaned", request_id=rid,
+                        reason="admitted but not forwarded; ended as aborted")
+            self.classifier.on_event(Aborted(rid, "admitted but never forwarded"))
+            self.stats.orphans += 1
+        return orphans
 
     def start(self) -> None:
         """Start the worker watch and the scheduler tick on the running loop."""
@@ -326,30 +352,47 @@ def _request_id(context: Any) -> str:
     return uuid.uuid4().hex
 
 
-async def _until_stopped(awaitable: Any, context: Any) -> Admission:
-    """Await admission, but give up (cancelling it) if the client goes away."""
+async def _until_stopped(awaitable: Any, context: Any,
+                         orphaned: Callable[[Admission], None]) -> Admission:
+    """Await admission, but give up (cancelling it) if the client goes away.
+
+    Whenever this gives up, an admission that was granted anyway (it completed in
+    the same loop step) is handed to ``orphaned``, so that it is ended rather than
+    left admitted with nobody to forward it.
+    """
     stopped = None
     if context is not None:
         with contextlib.suppress(Exception):
             stopped = context.async_killed_or_stopped()
-    if stopped is None:
-        result: Admission = await awaitable
-        return result
     admission = asyncio.ensure_future(awaitable)
+    if stopped is None:
+        try:
+            return await asyncio.shield(admission)
+        except asyncio.CancelledError:
+            _give_up(admission, orphaned)
+            raise
     stop_watch = asyncio.ensure_future(stopped)
     try:
         done, _ = await asyncio.wait({admission, stop_watch}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
-        admission.cancel()
         stop_watch.cancel()
+        _give_up(admission, orphaned)
         raise
     if admission in done:
         stop_watch.cancel()
         return admission.result()
-    admission.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
+    _give_up(admission, orphaned)
+    with contextlib.suppress(asyncio.CancelledError, AdmissionRejected):
         await admission
     raise asyncio.CancelledError("client went away while waiting for admission")
+
+
+def _give_up(admission: asyncio.Future[Admission], orphaned: Callable[[Admission], None]) -> None:
+    """Cancel a pending admission; hand a granted one to ``orphaned``."""
+    if not admission.done():
+        admission.cancel()
+    elif not admission.cancelled() and admission.exception() is None:
+        orphaned(admission.result())
 
 
 async def serve_state(router: ThunderAgentRouter, host: str, port: int) -> asyncio.AbstractServer:

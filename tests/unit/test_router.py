@@ -428,3 +428,45 @@ def test_refresh_workers_passes_live_ids_and_their_cards_to_the_classifier() -> 
     assert h.router.refresh_workers() is True
     assert seen[-1] == ({B}, {})
     assert h.router.state()["live_workers"] == [B]
+
+
+async def test_a_handler_cancelled_as_its_turn_is_admitted_does_not_strand_the_session() -> None:
+    h = Harness()
+    h.kv.hold = asyncio.Event()
+    first = asyncio.create_task(collect(h.router, turn("s"), "r1"))
+    await until(lambda: len(h.kv.requests) == 1, "the first turn is forwarded")
+    second = asyncio.create_task(_drain(h.router.generate(turn("s"), FakeContext("r2"))))
+    await until(lambda: len(h.program("s").waiting) == 1, "the second turn queues")
+
+    h.classifier.on_event(Completed("r1", 20))  # releases r2 ...
+    await asyncio.sleep(0)  # ... whose admission completes in this step,
+    second.cancel()  # while its handler is cancelled before it could forward r2
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert "r2" not in h.classifier.scheduler.table.requests, "r2 stranded as admitted"
+    assert h.program("s").current is None
+
+    h.kv.hold.set()
+    await asyncio.wait_for(first, 5)
+    chunks = await asyncio.wait_for(collect(h.router, turn("s", tokens=30), "r3"), 5)
+    assert chunks[-1]["finish_reason"] == "length"  # the session goes on
+    assert h.classifier.scheduler.table.requests == {}
+
+
+async def test_an_admitted_request_that_nothing_forwards_is_ended_by_the_safety_net() -> None:
+    from dynamo_thunderagent.classifier import ClassifyRequest
+    from dynamo_thunderagent.dynamo.router import ORPHAN_SECONDS
+
+    h = Harness()
+    # Admitted straight through the classifier: the router never forwards it.
+    await h.classifier.classify(ClassifyRequest("lost", "s", 10))
+    assert h.router.reap_orphans() == []  # too young to call lost
+    h.clock.now += ORPHAN_SECONDS
+    assert h.router.reap_orphans() == ["lost"]
+    # Ended as an abort: the program it created never ran, so it is rolled back.
+    assert h.classifier.scheduler.table.requests == {}
+    assert "s" not in h.classifier.scheduler.table.programs
+    assert h.router.stats.orphans == 1
+    chunks = await collect(h.router, turn("s"), "next")  # the session is not stuck
+    assert chunks[-1]["finish_reason"] == "length"
+    assert h.router.reap_orphans() == []  # forwarded requests are never reaped
