@@ -41,9 +41,9 @@ from dynamo_thunderagent.dynamo.translate import (
     StreamTracker,
     capacity_cards,
     classify_request,
+    for_frontend,
     pin_request,
     session_final_response,
-    with_serving_worker,
     worker_loads,
 )
 from dynamo_thunderagent.program import WorkerKey
@@ -97,6 +97,7 @@ class RouterStats:
     rejected: int = 0
     errors: int = 0
     orphans: int = 0
+    cancelled: int = 0  # clients that left while their request waited for admission
     prompt_tokens: int = 0
     cached_tokens: int = 0
     admission_wait_s: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLE_LIMIT))
@@ -109,7 +110,7 @@ class RouterStats:
             "requests": self.requests, "passthrough": self.passthrough,
             "session_final": self.session_final, "completed": self.completed,
             "aborted": self.aborted, "rejected": self.rejected, "errors": self.errors,
-            "orphans": self.orphans,
+            "orphans": self.orphans, "cancelled": self.cancelled,
             "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
             "hit_rate": (self.cached_tokens / self.prompt_tokens) if self.prompt_tokens else None,
             "admission_wait_p50_s": pct(0.5), "admission_wait_p99_s": pct(0.99),
@@ -171,6 +172,11 @@ class ThunderAgentRouter:
             raise _client_error(
                 f"thunderagent admission rejected request {request_id}: {rejected.reason}"
             ) from None
+        if admission is None:  # the client left while its request waited: nobody to answer
+            self.stats.cancelled += 1
+            log.info("request.cancelled", request_id=request_id,
+                     reason="client went away while waiting for admission")
+            return
         if not admission.tracked:
             self.stats.passthrough += 1
         else:
@@ -186,11 +192,9 @@ class ThunderAgentRouter:
             forwarded, target = await self._forward(request, admission)
             async for chunk in await self.kv_router.generate_from_request(forwarded):
                 events = tracker.observe(chunk)
-                if events and tracker.sent_to is not None and any(
-                        isinstance(e, Sent) for e in events):
-                    chunk = with_serving_worker(chunk, tracker.sent_to)
+                first = events and any(isinstance(e, Sent) for e in events)
                 self._report(admission, events)
-                yield chunk
+                yield for_frontend(chunk, tracker.sent_to if first else None)
             self._report(admission, tracker.abort("stream ended without a finish reason"))
         except (GeneratorExit, asyncio.CancelledError) as error:  # the client went away
             self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"))
@@ -353,8 +357,8 @@ def _request_id(context: Any) -> str:
 
 
 async def _until_stopped(awaitable: Any, context: Any,
-                         orphaned: Callable[[Admission], None]) -> Admission:
-    """Await admission, but give up (cancelling it) if the client goes away.
+                         orphaned: Callable[[Admission], None]) -> Admission | None:
+    """Await admission, but give up (cancelling it; None) if the client goes away.
 
     Whenever this gives up, an admission that was granted anyway (it completed in
     the same loop step) is handed to ``orphaned``, so that it is ended rather than
@@ -384,7 +388,7 @@ async def _until_stopped(awaitable: Any, context: Any,
     _give_up(admission, orphaned)
     with contextlib.suppress(asyncio.CancelledError, AdmissionRejected):
         await admission
-    raise asyncio.CancelledError("client went away while waiting for admission")
+    return None
 
 
 def _give_up(admission: asyncio.Future[Admission], orphaned: Callable[[Admission], None]) -> None:

@@ -116,6 +116,24 @@ def served_by(chunk: Mapping[str, Any]) -> WorkerKey | None:
     return WorkerKey(int(worker_id), int(rank))
 
 
+def for_frontend(chunk: Mapping[str, Any], serving: WorkerKey | None) -> Mapping[str, Any]:
+    """The chunk as the frontend should see it from the router component.
+
+    The worker's ``routing_data.worker_id`` is dropped: the frontend has already
+    recorded the router as the request's worker, and a second, different id makes
+    its request tracker log "Conflicting request tracker write" twice a request.
+    The serving worker/rank still reaches clients (``serving``: on the first chunk
+    that names it) under ``engine_data.thunderagent``. Other chunks pass unchanged.
+    """
+    routing = chunk.get("routing_data")
+    if (not routing or "worker_id" not in routing) and serving is None:
+        return chunk
+    out = dict(chunk)
+    if routing and "worker_id" in routing:
+        out["routing_data"] = {k: v for k, v in routing.items() if k != "worker_id"}
+    return with_serving_worker(out, serving) if serving is not None else out
+
+
 def with_serving_worker(chunk: Mapping[str, Any], worker: WorkerKey) -> dict[str, Any]:
     """``chunk`` plus the serving worker/rank under ``engine_data.thunderagent``.
 

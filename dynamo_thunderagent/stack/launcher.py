@@ -238,6 +238,7 @@ class LocalStack:
         self.state_port: int | None = free_port() if base.arm == "ours" else None
         self._stopped = False
         self._atexit_registered = False
+        self._env: dict[str, str] = {}
 
     # ----- topology ----------------------------------------------------------------------
 
@@ -373,6 +374,7 @@ class LocalStack:
             )
             self._wait_for(lambda: _port_open(xsub) and _port_open(xpub), deadline, "zmq broker")
             env["DYN_ZMQ_BROKER_URL"] = broker_url(xsub, xpub)
+        self._env = env  # restart_router starts the replacement with the same settings
 
         for index in range(cfg.num_workers):
             self._spawn(
@@ -442,6 +444,32 @@ class LocalStack:
         proc = self.workers[index]
         self._signal_group(proc, sig)
         return proc.pid
+
+    def restart_router(self, sig: signal.Signals = signal.SIGKILL,
+                       timeout: float | None = None) -> int:
+        """Stop the router with ``sig`` (default SIGKILL), start a new one; return its PID.
+
+        The replacement has the same command line, settings and state port and appends to
+        the same log; this returns once it is ready as at start (for arm ours: its state
+        lists every worker). Programs the old router knew are gone (nothing is persisted).
+        """
+        old = self.router
+        if old is None:
+            raise StackError(f"arm {self.config.arm!r} has no router to restart")
+        self._signal_group(old, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            old.popen.wait(timeout=self.config.stop_grace_s)
+        self._signal_group(old, signal.SIGKILL)
+        old.popen.wait(timeout=5.0)
+        self.processes.remove(old)
+        self._start_router(self._env)
+        deadline = time.monotonic() + (timeout or self.config.startup_timeout_s)
+        if self.state_url is not None:
+            self._wait_for(self._router_sees_workers, deadline,
+                           f"the restarted router to see {self.config.num_workers} workers")
+        router = self.router
+        assert router is not None
+        return router.pid
 
     def assert_alive(self) -> None:
         """Raise StackError naming any process that has exited."""

@@ -390,8 +390,8 @@ async def test_a_client_that_leaves_while_deferred_is_never_forwarded() -> None:
     await until(lambda: len(h.program("s").waiting) == 1, "the second turn queues")
 
     context.stopped.set()
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(second, 5)
+    assert await asyncio.wait_for(second, 5) == []  # ends quietly: nobody is listening
+    assert h.router.stats.cancelled == 1
     assert len(h.program("s").waiting) == 0
     assert "r2" not in h.classifier.scheduler.table.requests
 

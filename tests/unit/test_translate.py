@@ -13,6 +13,7 @@ from dynamo_thunderagent.dynamo.translate import (
     StreamTracker,
     capacity_cards,
     classify_request,
+    for_frontend,
     pin_request,
     prefix_block_hashes,
     served_by,
@@ -151,6 +152,19 @@ def test_serving_worker_goes_into_engine_data_next_to_what_was_there() -> None:
     assert out["engine_data"] == {"engine": {"x": 1},
                                   "thunderagent": {"worker_id": 7, "dp_rank": 1}}
     assert "thunderagent" not in chunk["engine_data"]
+
+
+def test_the_frontend_never_sees_the_workers_id_in_routing_data() -> None:
+    chunk = first_chunk()
+    assert "worker_id" in chunk["routing_data"]
+    out = for_frontend(chunk, WorkerKey(7, 1))
+    assert "worker_id" not in out["routing_data"]
+    assert out["engine_data"]["thunderagent"] == {"worker_id": 7, "dp_rank": 1}
+    assert "worker_id" in chunk["routing_data"]  # the engine's chunk is not modified
+    later = for_frontend(chunk, None)
+    assert "worker_id" not in later["routing_data"] and "engine_data" not in later
+    plain = middle_chunk()
+    assert for_frontend(plain, None) is plain  # nothing to change: no copy
 
 
 def test_session_final_response_is_one_finished_chunk_with_the_prompt_usage() -> None:
