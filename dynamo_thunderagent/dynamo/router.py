@@ -38,6 +38,7 @@ from dynamo_thunderagent.classifier import (
 )
 from dynamo_thunderagent.costs import CostMeter
 from dynamo_thunderagent.dynamo.translate import (
+    BadSessionHeader,
     StreamTracker,
     capacity_cards,
     classify_request,
@@ -62,6 +63,15 @@ UNREACHABLE_SECONDS = 15.0
 # ended as aborted (see reap_orphans). Forwarding starts in the same loop step as
 # admission, so any positive bound is safe; a few seconds keeps the log quiet.
 ORPHAN_SECONDS = 5.0
+
+
+class EngineError(Exception):
+    """The engine ended a request with an error finish (its message kept)."""
+
+    def __init__(self, message: str, *, streamed: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.streamed = streamed
 
 
 def _client_error(message: str) -> Exception:
@@ -154,9 +164,13 @@ class ThunderAgentRouter:
         """Dynamo's handler: classify, select, forward, report the lifecycle."""
         request_id = _request_id(context)
         self.stats.requests += 1
-        classify_input = classify_request(
-            request, request_id, block_tokens=self.block_size,
-            prefix_blocks=self.classifier.prefix_blocks_wanted)
+        try:
+            classify_input = classify_request(
+                request, request_id, block_tokens=self.block_size,
+                prefix_blocks=self.classifier.prefix_blocks_wanted)
+        except BadSessionHeader as bad:
+            self.stats.rejected += 1
+            raise _client_error(f"request {request_id}: {bad}") from None
         started = self.clock()
 
         def orphaned(admission: Admission) -> None:
@@ -194,11 +208,24 @@ class ThunderAgentRouter:
                 events = tracker.observe(chunk)
                 first = events and any(isinstance(e, Sent) for e in events)
                 self._report(admission, events)
+                if tracker.engine_error is not None:
+                    raise EngineError(tracker.engine_error, streamed=tracker.responding)
                 yield for_frontend(chunk, tracker.sent_to if first else None)
             self._report(admission, tracker.abort("stream ended without a finish reason"))
         except (GeneratorExit, asyncio.CancelledError) as error:  # the client went away
             self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"))
             raise
+        except EngineError as error:  # already reported as aborted by the tracker
+            self.stats.errors += 1
+            log.warning("request.engine_error", request_id=request_id, worker=str(target),
+                        error=error.message)
+            if error.streamed:
+                raise RuntimeError(f"request {request_id}: the engine failed it mid-stream: "
+                                   f"{error.message}") from None
+            # Refused before any token: the request as sent cannot run (say, a prompt
+            # longer than the engine accepts); the client gets the engine's reason.
+            raise _client_error(f"request {request_id} was refused by the engine on worker "
+                                f"{target}: {error.message}") from None
         except Exception as error:
             self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"))
             self.stats.errors += 1

@@ -66,15 +66,19 @@ def classify_request(request: Mapping[str, Any], request_id: str, *, block_token
     :func:`prefix_block_hashes`).
     """
     context = request.get("agent_context") or {}
-    session_id = context.get("session_id") or None
-    parent = context.get("parent_session_id") or None
+    session_id = context.get("session_id")
+    parent = context.get("parent_session_id")
+    if session_id is not None:
+        session_id = check_session_id(session_id, "X-Dynamo-Session-ID")
+    if parent is not None:
+        parent = check_session_id(parent, "X-Dynamo-Parent-Session-ID")
     token_ids = request.get("token_ids") or []
     return ClassifyRequest(
         request_id=request_id,
-        session_id=None if session_id is None else str(session_id),
+        session_id=session_id,
         input_tokens=len(token_ids),
         session_final=_truthy(context.get("session_final", False)),
-        parent_session_id=None if parent is None else str(parent),
+        parent_session_id=parent,
         prefix_blocks=(prefix_block_hashes(token_ids, block_tokens, prefix_blocks)
                        if prefix_blocks and block_tokens > 0 and session_id is not None else ()),
         prefix_block_tokens=block_tokens if prefix_blocks else 0,
@@ -114,6 +118,45 @@ def served_by(chunk: Mapping[str, Any]) -> WorkerKey | None:
         return None
     rank = worker.get("decode_dp_rank", worker.get("prefill_dp_rank")) or 0
     return WorkerKey(int(worker_id), int(rank))
+
+
+def engine_error(finish_reason: Any) -> str | None:
+    """The engine's message if ``finish_reason`` reports an error, else None.
+
+    Dynamo engines end a refused or failed request with a finish reason that is an
+    object, ``{"error": "request rejected: ..."}``, or the string ``"error"``.
+    """
+    if isinstance(finish_reason, Mapping):
+        message = finish_reason.get("error")
+        return str(message) if message else f"engine error: {finish_reason!r}"
+    if isinstance(finish_reason, str) and finish_reason.lower() == "error":
+        return "the engine reported an error without a message"
+    return None
+
+
+# X-Dynamo-Session-ID (and the parent id) as the router accepts it: 1 to 256 printable
+# ASCII characters without spaces. Dynamo's frontend already drops empty, blank and
+# non-ASCII values (the request then arrives without a session); what reaches the
+# router beyond that is refused rather than kept as a program key of any size.
+SESSION_ID_MAX_LENGTH = 256
+_SESSION_ID_CHARS = frozenset(chr(c) for c in range(0x21, 0x7F))
+
+
+class BadSessionHeader(ValueError):
+    """A session header the router refuses; the message says what is allowed."""
+
+
+def check_session_id(value: Any, header: str) -> str:
+    """``value`` as a session id, or raise BadSessionHeader saying what is allowed."""
+    text = str(value)
+    allowed = (f"{header} must be 1 to {SESSION_ID_MAX_LENGTH} printable ASCII characters "
+               "without spaces (a UUID, say)")
+    if not text or len(text) > SESSION_ID_MAX_LENGTH:
+        raise BadSessionHeader(f"{allowed}; got {len(text)} characters")
+    bad = next((c for c in text if c not in _SESSION_ID_CHARS), None)
+    if bad is not None:
+        raise BadSessionHeader(f"{allowed}; got the character {bad!r}")
+    return text
 
 
 def for_frontend(chunk: Mapping[str, Any], serving: WorkerKey | None) -> Mapping[str, Any]:
@@ -172,6 +215,7 @@ class StreamTracker:
     ttft_ms: float | None = None
     total_ms: float | None = None
     terminal: RequestEvent | None = None
+    engine_error: str | None = None  # the engine's message, if it ended the stream with one
     _pending: list[RequestEvent] = field(default_factory=list)
 
     def observe(self, chunk: Mapping[str, Any]) -> list[RequestEvent]:
@@ -203,7 +247,14 @@ class StreamTracker:
             self.ttft_ms = float(timing["ttft_ms"])
         if timing.get("total_time_ms") is not None:
             self.total_ms = float(timing["total_time_ms"])
-        if chunk.get("finish_reason") is not None:
+        finish = chunk.get("finish_reason")
+        error = engine_error(finish)
+        if error is not None:
+            # The engine refused or failed the request: nothing new is in its cache.
+            self.engine_error = error
+            self.terminal = Aborted(self.request_id, f"engine error: {error}")
+            events.append(self.terminal)
+        elif finish is not None:
             prompt = self.usage_prompt_tokens or self.prompt_tokens
             generated = max(self.generated_tokens, self.usage_completion_tokens or 0)
             self.terminal = Completed(self.request_id, int(prompt) + int(generated))

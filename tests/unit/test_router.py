@@ -72,6 +72,7 @@ class FakeKvRouter:
         self.fail_after_first: Exception | None = None
         self.fail_before_first: dict[int, Exception] = {}  # worker -> error at connect
         self.end_without_finish = False
+        self.error_finish: str | None = None  # end with {"error": ...} as the engine does
 
     async def get_potential_loads(self, token_ids: list[int]) -> list[dict[str, int]]:
         self.load_queries += 1
@@ -92,6 +93,9 @@ class FakeKvRouter:
         chunks = chunk_stream(worker, rank, len(request["token_ids"]), self.tokens)
         if self.end_without_finish:
             chunks = chunks[:-1]
+        if self.error_finish is not None:
+            chunks = [{"token_ids": [], "finish_reason": {"error": self.error_finish},
+                       "routing_data": chunks[0]["routing_data"]}]
         for index, chunk in enumerate(chunks):
             yield chunk
             if index == 0:
@@ -470,3 +474,29 @@ async def test_an_admitted_request_that_nothing_forwards_is_ended_by_the_safety_
     chunks = await collect(h.router, turn("s"), "next")  # the session is not stuck
     assert chunks[-1]["finish_reason"] == "length"
     assert h.router.reap_orphans() == []  # forwarded requests are never reaped
+
+
+async def test_an_engine_refusal_is_an_abort_and_the_client_gets_the_engines_reason() -> None:
+    h = Harness()
+    await collect(h.router, turn("s", tokens=10), "r1")  # 13 tokens in its cache now
+    h.kv.error_finish = "request rejected: request exceeds worker admission limits"
+    with pytest.raises(Exception) as refused:
+        await collect(h.router, turn("s", tokens=900), "r2")
+    assert "request exceeds worker admission limits" in str(refused.value)
+    assert "refused by the engine" in str(refused.value)
+    assert [type(e) for e in h.events_of("r2")] == [Sent, Aborted]
+    program = h.program("s")  # booked as before the refused turn, not as a 900-token turn
+    assert program.phase is Phase.ACTING and program.tokens == 13 and program.steps == 1
+    assert h.router.stats.completed == 1 and h.router.stats.aborted == 1
+    assert h.router.stats.errors == 1 and h.router.in_flight == {}
+
+
+async def test_a_session_id_outside_the_syntax_gets_a_clear_error_and_nothing_is_tracked() -> None:
+    h = Harness()
+    request = turn("s")
+    request["agent_context"]["session_id"] = "x" * 8192
+    with pytest.raises(Exception) as refused:
+        await collect(h.router, request, "r1")
+    assert "X-Dynamo-Session-ID must be 1 to 256 printable ASCII" in str(refused.value)
+    assert h.kv.requests == [] and h.classifier.scheduler.table.programs == {}
+    assert h.router.stats.rejected == 1

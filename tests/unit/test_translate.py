@@ -10,9 +10,11 @@ import pytest
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.classifier import Aborted, Completed, Responding, Sent
 from dynamo_thunderagent.dynamo.translate import (
+    BadSessionHeader,
     StreamTracker,
     capacity_cards,
     classify_request,
+    engine_error,
     for_frontend,
     pin_request,
     prefix_block_hashes,
@@ -74,9 +76,48 @@ def test_request_without_agent_context_has_no_session() -> None:
     assert out.session_final is False and out.input_tokens == 5
 
 
-def test_empty_session_id_counts_as_no_session_and_other_ids_become_strings() -> None:
-    assert classify_request(request({"session_id": ""}), "r").session_id is None
+def test_session_ids_are_strings_and_a_missing_one_means_no_session() -> None:
     assert classify_request(request({"session_id": 42}), "r").session_id == "42"
+    assert classify_request(request({"input_trigger": "user_message"}), "r").session_id is None
+    assert classify_request({"token_ids": [1, 2]}, "r").session_id is None
+
+
+@pytest.mark.parametrize(
+    ("context", "expected"),
+    [({"session_id": ""}, "got 0 characters"),
+     ({"session_id": "x" * 257}, "got 257 characters"),
+     ({"session_id": "x" * 8192}, "got 8192 characters"),
+     ({"session_id": "two words"}, "got the character ' '"),
+     ({"session_id": "sessi\u00f6n"}, "got the character"),
+     ({"session_id": "tab\there"}, "got the character '\\t'"),
+     ({"session_id": "ok", "parent_session_id": " "}, "X-Dynamo-Parent-Session-ID must be")],
+)
+def test_a_session_id_outside_the_accepted_syntax_is_refused_saying_what_is_allowed(
+        context: dict[str, Any], expected: str) -> None:
+    with pytest.raises(BadSessionHeader) as refused:
+        classify_request(request(context), "r")
+    message = str(refused.value)
+    assert "1 to 256 printable ASCII characters without spaces" in message
+    assert expected in message
+
+
+def test_the_longest_accepted_session_id_is_kept_whole() -> None:
+    longest = "a-Z_0.9:" * 32  # 256 characters
+    assert classify_request(request({"session_id": longest}), "r").session_id == longest
+
+
+def test_an_error_finish_is_an_abort_with_the_engines_message_not_a_completed_turn() -> None:
+    tracker = StreamTracker("r1", prompt_tokens=1515)
+    chunk = {"token_ids": [], "finish_reason":
+             {"error": "request rejected: request exceeds worker admission limits"},
+             "routing_data": {"worker_id": {"decode_worker_id": 7, "decode_dp_rank": 0}}}
+    events = tracker.observe(chunk)
+    assert events == [Sent("r1", WorkerKey(7)),
+                      Aborted("r1", "engine error: request rejected: request exceeds worker "
+                                    "admission limits")]
+    assert tracker.engine_error == "request rejected: request exceeds worker admission limits"
+    assert engine_error("error") is not None
+    assert engine_error("length") is None and engine_error(None) is None
 
 
 @pytest.mark.parametrize(
