@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         "clients", help="aiperf (a standard benchmark client) against each arm, side by side")
     add_clients_arguments(clients)
     clients.set_defaults(func=run_clients_cli)
+    from dynamo_thunderagent.bench.reliability import add_arguments as add_reliability_arguments
+    from dynamo_thunderagent.bench.reliability import run_reliability_cli
+
+    reliability = bench_sub.add_parser(
+        "reliability", help="a session-id flood and a soak with random faults, with figures")
+    add_reliability_arguments(reliability)
+    reliability.set_defaults(func=run_reliability_cli)
     return parser
 
 

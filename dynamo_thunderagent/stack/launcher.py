@@ -445,6 +445,26 @@ class LocalStack:
         self._signal_group(proc, sig)
         return proc.pid
 
+    def restart_worker(self, index: int, timeout: float | None = None) -> int:
+        """Start a new worker in place of worker ``index`` (killed or not); return its PID.
+
+        The old process group is killed first if still alive. The replacement registers
+        with a new instance id; this returns once discovery lists it.
+        """
+        old = self.workers[index]
+        self._signal_group(old, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            old.popen.wait(timeout=5.0)
+        position = self.processes.index(old)
+        new = self._spawn(old.name, "worker", self._mocker_argv(), self._env,
+                          system_port=free_system_port())
+        self.processes.remove(new)
+        self.processes[position] = new  # keep worker indices stable
+        deadline = time.monotonic() + (timeout or self.config.startup_timeout_s)
+        self._wait_for(lambda: index in self.worker_instances(), deadline,
+                       f"the restarted {old.name} to register")
+        return new.pid
+
     def restart_router(self, sig: signal.Signals = signal.SIGKILL,
                        timeout: float | None = None) -> int:
         """Stop the router with ``sig`` (default SIGKILL), start a new one; return its PID.

@@ -80,3 +80,19 @@ def test_a_relative_run_dir_becomes_absolute(tmp_path: Path,
     stack = LocalStack(StackConfig(run_dir=Path("runs/one")))
     assert stack.run_dir == tmp_path / "runs" / "one"
     assert stack.model_path.is_absolute()
+
+
+def test_reliability_accounting_adds_every_terminal_state() -> None:
+    from dynamo_thunderagent.bench.reliability import PhaseReport, _accounted, _drained, _markdown
+
+    router = {"requests": 10, "passthrough": 1, "completed": 4, "aborted": 1, "rejected": 1,
+              "session_final": 1, "cancelled": 1, "orphans": 1}
+    state = {"router": router, "in_flight": 0,
+             "scheduler": {"tracked_requests": 0, "waiting_for_room": 0}}
+    assert _accounted(state) and _drained(state)
+    assert not _accounted({**state, "router": {**router, "requests": 11}})
+    assert not _drained({**state, "in_flight": 1})
+    report = PhaseReport("soak", faults=["worker-kill", "worker-kill", "bad-input"],
+                         accounted=True, drained=False)
+    table = _markdown([report])
+    assert "bad-input x1, worker-kill x2" in table and "| yes | NO |" in table
