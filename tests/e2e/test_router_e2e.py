@@ -415,6 +415,18 @@ BAD_POLICIES = {
         "worker_selection:\n  instances: [{name: ta, type: thunderagent}]\n  aggregated: ta\n"
     ),
     "malformed-yaml": "request_classifier: [type: thunderagent\n",
+    "string-number": (
+        "request_classifier:\n  type: thunderagent\n  parameters: {pause_threshold: \"0.9\"}\n"
+    ),
+    "duplicate-key": (
+        "request_classifier:\n  type: thunderagent\n"
+        "request_classifier:\n  type: thunderagent\n"
+    ),
+    "empty": "",
+    "busy-tick": (
+        "request_classifier:\n  type: thunderagent\n"
+        "  parameters: {scheduler_interval_seconds: 1.0e-9}\n"
+    ),
 }
 
 
@@ -446,8 +458,12 @@ def test_bad_policy_stops_serve_with_the_message_validate_prints(
     assert serve.stderr.strip() == message
     if case == "unknown-type":
         assert "no-such-classifier" in message
-    if case == "out-of-range":
+    if case in ("out-of-range", "string-number"):
         assert "pause_threshold" in message
+    expected = {"duplicate-key": "appears twice", "empty": "the policy is empty",
+                "busy-tick": "scheduler_interval_seconds"}
+    if case in expected:
+        assert expected[case] in message
 
 
 # ---- 10. a rejected request says why -----------------------------------------------------------
