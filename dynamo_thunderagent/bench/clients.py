@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from dynamo_thunderagent.bench.output import publish
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -381,13 +382,6 @@ def run_clients_cli(args: argparse.Namespace) -> int:
         "rows": rows,
         "runs": [asdict(r) for r in runs],
     }
-    (out / "results.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
-    table = markdown(rows, runs)
-    (out / "results.md").write_text(table + "\n", encoding="utf-8")
-    if args.json:
-        print(json.dumps(report))
-    else:
-        print()
-        print(table)
-        print(f"\nraw data: {out}/results.json, aiperf artifacts under {out}/aiperf/")
+    publish(out, report, markdown(rows, runs), as_json=args.json,
+            where=f"aiperf artifacts under {out}/aiperf/")
     return 0 if all(r.ok for r in runs) else 1

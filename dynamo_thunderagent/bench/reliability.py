@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamo_thunderagent.bench.metrics import percentile
+from dynamo_thunderagent.bench.output import publish
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
 
@@ -339,14 +340,7 @@ def run_reliability_cli(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"{phase}: {json.dumps(asdict(report))}", flush=True)
     result = {"command": " ".join(sys.argv), "phases": [asdict(r) for r in reports]}
-    (out / "results.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    table = _markdown(reports)
-    (out / "results.md").write_text(table + "\n", encoding="utf-8")
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print()
-        print(table)
-        print(f"\nraw data: {out}/results.json; logs under {out}/run-*/logs/")
+    publish(out, result, _markdown(reports), as_json=args.json,
+            where=f"logs under {out}/run-*/logs/")
     ok = all(r.accounted and r.drained and "timeout (a hang)" not in r.errors for r in reports)
     return 0 if ok else 1
