@@ -41,6 +41,7 @@ SESSION = "X-Dynamo-Session-ID"
 SESSION_FINAL = "X-Dynamo-Session-Final"
 PROBE_PERIOD = 0.25
 FAULTS = ("worker-kill", "router-restart", "disconnects", "bad-input")
+MAX_MODEL_LEN = 3072
 
 
 @dataclass
@@ -201,7 +202,9 @@ async def run_soak(stack: LocalStack, seconds: float, agents: int, fault_every: 
                 if bench.stop.is_set():
                     break
                 history += " " + " ".join(f"t{turn}w{i}" for i in range(rng.randint(20, 60)))
-                await bench.turn(session, history[-3000:], max_tokens=rng.randint(8, 32))
+                # Kept well under the workers' --max-model-len: only the bad-input fault
+                # sends prompts the engine refuses.
+                await bench.turn(session, history[-1200:], max_tokens=rng.randint(8, 32))
                 await asyncio.sleep(rng.lognormvariate(-1.0, 0.8))  # the tool call
             await bench.turn(session, "done", max_tokens=1, final=True)
             generation += 1
@@ -241,7 +244,7 @@ async def _inject(bench: Bench, fault: str) -> None:
     elif fault == "bad-input":
         tries = [
             bench.turn("bad-oversize", "word " * 6000),  # larger than any worker
-            bench.turn("bad-engine", "word " * 700),  # over the engine's --max-model-len
+            bench.turn("bad-engine", "word " * 1100),  # over the engine's --max-model-len
             bench.turn("x" * 8192, "an over-long session id"),
             bench.turn("bad id with spaces", "spaces in the id"),
         ]
@@ -325,8 +328,9 @@ def run_reliability_cli(args: argparse.Namespace) -> int:
     reports: list[PhaseReport] = []
     for phase in phases:
         report = PhaseReport(phase)
-        # The soak's workers refuse prompts over 2,048 tokens (the engine-refusal fault).
-        mocker_args = ["--max-model-len", "2048"] if phase == "soak" else []
+        # The soak's workers refuse prompts over 3,072 tokens (the engine-refusal fault),
+        # below their KV capacity (4,096), which the router itself enforces.
+        mocker_args = ["--max-model-len", str(MAX_MODEL_LEN)] if phase == "soak" else []
         config = StackConfig(arm="ours", run_dir=out / f"run-{phase}", mocker_args=mocker_args,
                              policy=args.policy or EXTENDED_POLICY, startup_timeout_s=120)
         with LocalStack(config) as stack:
