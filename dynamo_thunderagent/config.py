@@ -242,9 +242,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # a merge key (<<: *anchor): the base loader merges it
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
-            if key in seen:
+            try:
+                repeated = key in seen
+            except TypeError:
+                continue  # unhashable: the base loader refuses it with a YAML error
+            if repeated:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key {key!r} appears twice (lines {seen[key]} and {line}); "
                     "give each key once", key_node.start_mark)

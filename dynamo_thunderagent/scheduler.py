@@ -282,7 +282,10 @@ class Scheduler:
             self._pause(program, now, d)  # no queue jumping past programs waiting for room
             program.deferred_since = now
             return
-        need = program.tokens + self.params.buffer_per_program
+        # Capped like on the resume side: a program that fits a rank's capacity but not
+        # its threshold goes to an empty rank rather than waiting for one that never comes.
+        largest = max(self.capacity.known.values()) * self.params.pause_threshold
+        need = min(program.tokens + self.params.buffer_per_program, largest)
         target = self._least_used_with_room(need if pays else None)
         if target is None and self._reclaim_dormant(now, d, need):
             target = self._least_used_with_room(need)
@@ -596,9 +599,13 @@ class Scheduler:
         buffer = self.params.buffer_per_program
         room = {w: cap * level - self.table.decayed_usage(w, now) for w, cap in known.items()}
         free = sum(max(0.0, r) for r in room.values())
+        # A program larger than any rank's resume level (it still fits the capacity, or
+        # admission would have refused it) needs a whole empty rank, not more than that:
+        # without the cap it would wait for resume_timeout and hold every new program back.
+        largest = max(known.values()) * level
         chosen = []
         for program in sorted(paused, key=lambda p: self._resume_order(p, now)):
-            need = program.tokens + buffer
+            need = min(program.tokens + buffer, largest)
             if not self.pause_pays(program.tokens):
                 chosen.append(program)  # holding it back saves nothing: resume it anyway
                 free -= need
@@ -613,7 +620,7 @@ class Scheduler:
         heap = [(-r, w) for w, r in room.items()]
         heapq.heapify(heap)
         for program in sorted(chosen, key=lambda p: (-p.tokens, p.seq)):
-            need = program.tokens + buffer
+            need = min(program.tokens + buffer, largest)
             home = program.worker
             if (self.params.resume_affinity and home is not None and home in room
                     and room[home] >= need):

@@ -23,9 +23,11 @@ because its dependencies (transformers, pandas, ...) are not the Dynamo processe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -175,11 +177,15 @@ def run_aiperf(stack: LocalStack, workload: AiperfWorkload, concurrency: int, ar
     command = aiperf_command(aiperf, stack, workload, concurrency, artifacts, seed)
     (artifacts / "command.txt").write_text(" ".join(command) + "\n", encoding="utf-8")
     with open(artifacts / "aiperf.log", "wb") as log:
+        # Its own process group: aiperf runs worker processes, and a timeout must stop them all.
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   env=aiperf_env(), start_new_session=True)
         try:
-            returncode = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
-                                        env=aiperf_env(), timeout=timeout_s,
-                                        check=False).returncode
+            returncode = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
             return {"returncode": 124, "failure": f"aiperf ran past {timeout_s:.0f} s"}
     summary = artifacts / SUMMARY_FILE
     if not summary.is_file():

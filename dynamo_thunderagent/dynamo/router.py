@@ -153,7 +153,11 @@ class ThunderAgentRouter:
         self.clock = clock
         self.stats = RouterStats()
         self.costs = CostMeter()
+        # Tracked (session) requests being forwarded, by id: what reap_orphans checks
+        # against. Requests without a session are only counted: their ids are not the
+        # scheduler's business and may even repeat a tracked one's.
         self.in_flight: dict[str, StreamTracker] = {}
+        self.passthrough_in_flight = 0
         self._live: frozenset[int] = frozenset()
         self._unreachable: dict[int, float] = {}  # worker id -> until (clock time)
         self._card_keys: frozenset[WorkerKey] = frozenset()
@@ -173,14 +177,25 @@ class ThunderAgentRouter:
             raise _client_error(f"request {request_id}: {bad}") from None
         started = self.clock()
 
+        ended = False  # counted as orphaned or cancelled already
+
         def orphaned(admission: Admission) -> None:
             # Admitted in the same loop step in which this handler was cancelled: nobody
             # will forward it, so end it now or its session waits behind it for ever.
-            self._report(admission, [Aborted(request_id, "handler cancelled at admission")])
+            nonlocal ended
+            ended = True
+            if admission.tracked:
+                self._report(admission, [Aborted(request_id, "handler cancelled at admission")])
+            else:
+                self.stats.cancelled += 1
 
         try:
             admission = await _until_stopped(self.classifier.classify(classify_input), context,
                                              orphaned)
+        except asyncio.CancelledError:  # the handler itself was cancelled while it waited
+            if not ended:
+                self.stats.cancelled += 1
+            raise
         except AdmissionRejected as rejected:
             self.stats.rejected += 1
             raise _client_error(
@@ -200,7 +215,10 @@ class ThunderAgentRouter:
             yield session_final_response(request)
             return
         tracker = StreamTracker(request_id, classify_input.input_tokens)
-        self.in_flight[request_id] = tracker
+        if admission.tracked:
+            self.in_flight[request_id] = tracker
+        else:
+            self.passthrough_in_flight += 1
         target: WorkerKey | None = None
         try:
             forwarded, target = await self._forward(request, admission)
@@ -240,7 +258,10 @@ class ThunderAgentRouter:
                 f"request {request_id} failed at {where}: {type(error).__name__}: {error}"
             ) from error
         finally:
-            self.in_flight.pop(request_id, None)
+            if not admission.tracked:
+                self.passthrough_in_flight -= 1
+            elif self.in_flight.get(request_id) is tracker:  # not another request's entry
+                del self.in_flight[request_id]
             if tracker.terminal is not None and tracker.cached_tokens is not None:
                 self.stats.prompt_tokens += tracker.usage_prompt_tokens or tracker.prompt_tokens
                 self.stats.cached_tokens += tracker.cached_tokens
@@ -360,7 +381,7 @@ class ThunderAgentRouter:
         return {
             "scheduler": self.classifier.snapshot(),
             "router": self.stats.as_dict(),
-            "in_flight": len(self.in_flight),
+            "in_flight": len(self.in_flight) + self.passthrough_in_flight,
             "live_workers": sorted(self._live),
             "unreachable_workers": sorted(self._unreachable),
             "block_size": self.block_size,
@@ -413,8 +434,9 @@ async def _until_stopped(awaitable: Any, context: Any,
         stop_watch.cancel()
         return admission.result()
     _give_up(admission, orphaned)
-    with contextlib.suppress(asyncio.CancelledError, AdmissionRejected):
-        await admission
+    # Let the cancelled admission finish its clean-up. asyncio.wait does not raise for
+    # the admission's own outcome, while a cancellation of this handler still propagates.
+    await asyncio.wait({admission})
     return None
 
 

@@ -445,12 +445,17 @@ class LocalStack:
         self._signal_group(proc, sig)
         return proc.pid
 
+    def _check_running(self) -> None:
+        if self._stopped or not self._env:
+            raise StackError("the stack is not running: start() it before restarting a process")
+
     def restart_worker(self, index: int, timeout: float | None = None) -> int:
         """Start a new worker in place of worker ``index`` (killed or not); return its PID.
 
         The old process group is killed first if still alive. The replacement registers
         with a new instance id; this returns once discovery lists it.
         """
+        self._check_running()
         old = self.workers[index]
         self._signal_group(old, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -473,6 +478,7 @@ class LocalStack:
         the same log; this returns once it is ready as at start (for arm ours: its state
         lists every worker). Programs the old router knew are gone (nothing is persisted).
         """
+        self._check_running()
         old = self.router
         if old is None:
             raise StackError(f"arm {self.config.arm!r} has no router to restart")

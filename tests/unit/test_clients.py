@@ -96,3 +96,41 @@ def test_reliability_accounting_adds_every_terminal_state() -> None:
                          accounted=True, drained=False)
     table = _markdown([report])
     assert "bad-input x1, worker-kill x2" in table and "| yes | NO |" in table
+
+
+def test_restarting_a_process_of_a_stack_that_is_not_running_is_refused(tmp_path: Path) -> None:
+    from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig, StackError
+
+    stack = LocalStack(StackConfig(arm="ours", run_dir=tmp_path / "run"))
+    with pytest.raises(StackError, match="not running"):
+        stack.restart_router()
+    with pytest.raises(StackError, match="not running"):
+        stack.restart_worker(0)
+
+
+def test_an_aiperf_that_outlives_its_timeout_is_stopped_with_its_children(tmp_path: Path) -> None:
+    import time as _time
+
+    from dynamo_thunderagent.bench.clients import WORKLOADS, run_aiperf
+
+    fake = tmp_path / "aiperf"
+    # A stand-in that starts a child and hangs, as a wedged aiperf would.
+    fake.write_text("#!/bin/sh\nsleep 60 &\necho $! > \"$0.child\"\nsleep 60\n")
+    fake.chmod(0o755)
+
+    class Stack:
+        url = "http://127.0.0.1:1/v1"
+        model_path = tmp_path
+
+        class config:
+            model_name = "tiny"
+
+    started = _time.monotonic()
+    result = run_aiperf(Stack(), WORKLOADS["one-turn"], 2, tmp_path / "art",  # type: ignore[arg-type]
+                        aiperf=str(fake), timeout_s=1)
+    assert result["returncode"] == 124 and "ran past 1 s" in result["failure"]
+    assert _time.monotonic() - started < 10
+    child = int((tmp_path / "aiperf.child").read_text())
+    _time.sleep(0.2)
+    stat = Path(f"/proc/{child}/stat")
+    assert not stat.exists() or stat.read_text().split()[2] == "Z"  # gone (or a zombie)

@@ -175,3 +175,14 @@ def test_a_policy_that_is_not_utf8_says_so(tmp_path: Path) -> None:
     path.write_bytes(b"request_classifier: {type: thunderagent}  # caf\xe9\n")
     with pytest.raises(PolicyError, match="not UTF-8"):
         load_policy(path)
+
+
+def test_yaml_merge_keys_still_work_and_odd_keys_get_a_yaml_error(tmp_path: Path) -> None:
+    merged = write(tmp_path, "base: &base {type: thunderagent}\n"
+                             "request_classifier:\n  <<: *base\n  parameters: {}\n")
+    with pytest.raises(PolicyError, match="base: unknown key"):
+        load_policy(merged)  # the merge worked; only the helper key is unknown
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("? [a, b]\n: 1\n")
+    with pytest.raises(PolicyError, match="not valid YAML"):
+        load_policy(odd)

@@ -124,16 +124,14 @@ def test_an_aged_waiter_goes_first_and_reserves_room() -> None:
     h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, max_wait_seconds=60,
              resume_timeout_seconds=600)
     h.workers({W0: 1_000})
-    h.acting_on("hog", W0, 900)
-    rid_big, _ = h.turn("big", 700)
+    h.acting_on("hog", W0, 600)
+    rid_big, _ = h.turn("big", 700)  # 600 + 700 > 950: waits
     h.advance(61)  # big has waited past max_wait
     rid_small, _ = h.turn("small", 100)
-    h.final("hog")
-    h.workers({W0: 700})  # room at the resume level: 595 < 700, 100 would fit
-    d = h.tick()
+    d = h.tick()  # room at the resume level: 850 - 600 = 250 < 700, 100 would fit
     assert d.outcome(rid_small) is None, "nothing jumps ahead of an aged waiter"
     assert d.outcome(rid_big) is None
-    h.workers({W0: 1_000})
+    h.final("hog")
     d = h.tick()
     assert isinstance(d.outcome(rid_big), Release)
 

@@ -500,3 +500,37 @@ async def test_a_session_id_outside_the_syntax_gets_a_clear_error_and_nothing_is
     assert "X-Dynamo-Session-ID must be 1 to 256 printable ASCII" in str(refused.value)
     assert h.kv.requests == [] and h.classifier.scheduler.table.programs == {}
     assert h.router.stats.rejected == 1
+
+
+async def test_a_handler_cancelled_while_waiting_is_counted_and_the_cancel_propagates() -> None:
+    h = Harness()
+    h.kv.hold = asyncio.Event()
+    first = asyncio.create_task(collect(h.router, turn("s"), "r1"))
+    await until(lambda: len(h.kv.requests) == 1, "the first turn is forwarded")
+    second = asyncio.create_task(_drain(h.router.generate(turn("s"), FakeContext("r2"))))
+    await until(lambda: len(h.program("s").waiting) == 1, "the second turn queues")
+    second.cancel()  # Dynamo cancels the handler (not the client's stop signal)
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert h.router.stats.cancelled == 1
+    assert "r2" not in h.classifier.scheduler.table.requests
+    h.kv.hold.set()
+    await asyncio.wait_for(first, 5)
+    stats = h.router.stats
+    assert stats.requests == stats.completed + stats.cancelled == 2
+
+
+async def test_a_request_reusing_an_id_does_not_drop_the_other_ones_in_flight_entry() -> None:
+    h = Harness()
+    h.kv.hold = asyncio.Event()
+    tracked = asyncio.create_task(collect(h.router, turn("s"), "same-id"))
+    await until(lambda: "same-id" in h.router.in_flight, "the tracked turn is in flight")
+    entry = h.router.in_flight["same-id"]
+    held, h.kv.hold = h.kv.hold, None  # the tracked turn stays held
+    await collect(h.router, turn(None), "same-id")  # an untracked request, same id
+    assert h.router.in_flight.get("same-id") is entry
+    assert h.router.reap_orphans() == []
+    held.set()
+    await asyncio.wait_for(tracked, 5)
+    assert h.router.in_flight == {} and entry.terminal is not None
+    assert h.router.reap_orphans() == []

@@ -201,19 +201,35 @@ def test_resume_packs_largest_first_onto_the_most_free_worker(h: Harness) -> Non
 
 
 def test_deferral_past_resume_timeout_is_force_released_on_worker_with_most_decayed_room() -> None:
-    h = make(buffer_per_program=0, resume_timeout_seconds=60, acting_decay_tau_seconds=1)
+    h = make(buffer_per_program=0, resume_timeout_seconds=60, acting_decay_tau_seconds=1e9)
     h.workers({W0: 1_000, W1: 1_200})
     h.acting_on("a", W0, 900)
-    h.acting_on("b", W1, 1_100)  # over threshold on W1
+    h.acting_on("b", W1, 1_000)
     rid, d = h.turn("c", 1_150)  # fits no rank while the others hold their room
     assert d.outcome(rid) is None
     h.advance(30)
     assert h.tick().outcome(rid) is None
     h.advance(31)
     d = h.tick()
-    # After 61 s of tool time both ACTING programs decay to ~0: W1 has more room.
-    assert released_to(d, rid) == W1
+    assert released_to(d, rid) == W1  # 200 tokens of room against W0's 100
     assert d.forced == ["c"]
+
+
+def test_a_program_larger_than_every_resume_level_resumes_once_a_rank_is_empty(
+        h: Harness) -> None:
+    h.workers({W0: 4_096})
+    h.acting_on("a", W0, 300)
+    big, d = h.turn("big", 3_600)  # within capacity, above the resume level (3,481)
+    assert d.outcome(big) is None
+    small, d = h.turn("small", 100)
+    assert d.outcome(small) is None  # held back behind the waiting program
+    h.final("a")
+    d = h.tick()  # smallest first (parity): small runs, then W0 is empty again
+    assert released_to(d, small) == W0 and d.outcome(big) is None
+    h.complete(small, 120)
+    h.final("small")
+    d = h.tick()  # an empty rank: big goes there, not after resume_timeout
+    assert released_to(d, big) == W0
 
 
 def test_session_final_waits_for_in_flight_turn_then_frees_capacity(h: Harness) -> None:
