@@ -23,10 +23,12 @@ time-driven; the scheduler asks when it needs an answer, with ``now`` passed in.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from dynamo_thunderagent.program import Program
+from dynamo_thunderagent.program import Lifecycle, Program
 
 # How many recent gaps the population estimate keeps, and how often its quantile
 # is recomputed (sorting 256 floats every 16 observations keeps admission cheap).
@@ -109,3 +111,107 @@ def idle_horizon(program: Program, evidence: ReturnEvidence, *, factor: float,
     else:
         base = typical
     return min(maximum, max(minimum, factor * base))
+
+
+class IdlePrograms:
+    """The scheduler's index of idle programs: who went idle when, who is dormant.
+
+    It decides nothing about capacity; the scheduler asks it for the oldest idle
+    program (to evict) and for dormant ones (to pause first). Entries are not
+    removed when a program becomes busy again or leaves the table; they are
+    checked against the table when they surface (``programs`` is the table's
+    session -> program mapping), so every operation is O(log n) amortized.
+    """
+
+    def __init__(self, programs: Mapping[str, Program], *, factor: float | None,
+                 minimum: float, maximum: float) -> None:
+        self.programs = programs
+        self.factor = factor  # None: no horizons, nothing ever becomes dormant
+        self.minimum = minimum
+        self.maximum = maximum
+        self.evidence = ReturnEvidence()
+        # (last_active, seq, session): the eviction order.
+        self._order: list[tuple[float, int, str]] = []
+        # (deadline, seq, session, last_active): the horizons not reached yet.
+        self._horizons: list[tuple[float, int, str, float]] = []
+        # Past their horizon, in the order they got there.
+        self.dormant: dict[str, Program] = {}
+
+    def _current(self, session_id: str, seq: int, last_active: float) -> Program | None:
+        """The program an entry names, if it is still that idle period of that program."""
+        program = self.programs.get(session_id)
+        if (program is None or program.seq != seq or program.busy
+                or program.last_active != last_active):
+            return None
+        return program
+
+    def went_idle(self, program: Program, now: float) -> None:
+        """``program`` has no turn in flight or waiting from ``now`` on."""
+        seq, session_id = program.seq, program.session_id
+        heapq.heappush(self._order, (program.last_active, seq, session_id))
+        if self.factor is not None and program.lifecycle is Lifecycle.ACTIVE:
+            horizon = idle_horizon(program, self.evidence, factor=self.factor,
+                                   minimum=self.minimum, maximum=self.maximum)
+            heapq.heappush(self._horizons,
+                           (now + horizon, seq, session_id, program.last_active))
+        # Stale entries are dropped as they surface; rebuild if they pile up anyway.
+        bound = 2 * len(self.programs) + 1024
+        if len(self._order) > bound:
+            self._order = [(p.last_active, p.seq, p.session_id)
+                           for p in self.programs.values() if not p.busy]
+            heapq.heapify(self._order)
+        if len(self._horizons) > bound:
+            idle = {(p.seq, p.last_active) for p in self.programs.values() if not p.busy}
+            self._horizons = [e for e in self._horizons if (e[1], e[3]) in idle]
+            heapq.heapify(self._horizons)
+
+    def returned(self, program: Program, now: float) -> None:
+        """An idle program's next turn arrived: learn the gap; it is no longer dormant."""
+        self.dormant.pop(program.session_id, None)
+        if program.steps == 0:
+            return  # its only turn was aborted: nothing ended, no gap to learn
+        if program.max_gap == 0.0:
+            if program.gone_counted:
+                self.evidence.first_idle_undone()
+            else:
+                self.evidence.first_idle_ended(returned=True)
+        gap = max(0.0, now - program.last_active)
+        self.evidence.observe_gap(gap)
+        program.max_gap = max(program.max_gap, gap, 1e-9)
+
+    def forget(self, session_id: str) -> None:
+        """The program left the table."""
+        self.dormant.pop(session_id, None)
+
+    def oldest(self) -> Program | None:
+        """Remove and return the program idle the longest (None: no program is idle)."""
+        while self._order:
+            last_active, seq, session_id = heapq.heappop(self._order)
+            program = self._current(session_id, seq, last_active)
+            if program is not None:
+                return program
+        return None
+
+    def find_dormant(self, now: float) -> None:
+        """Move idle programs whose horizon has passed into ``dormant``."""
+        horizons = self._horizons
+        while horizons and horizons[0][0] <= now:
+            _, seq, session_id, last_active = heapq.heappop(horizons)
+            program = self._current(session_id, seq, last_active)
+            if program is None:
+                continue
+            if program.max_gap == 0.0 and not program.gone_counted:
+                program.gone_counted = True
+                self.evidence.first_idle_ended(returned=False)
+            if program.lifecycle is Lifecycle.ACTIVE and program.worker is not None:
+                self.dormant[session_id] = program
+
+    def pop_dormant(self) -> Program | None:
+        """Remove and return the program longest past its horizon that is still dormant."""
+        while self.dormant:
+            session_id = next(iter(self.dormant))
+            program = self.dormant.pop(session_id)
+            if (not program.busy and program.lifecycle is Lifecycle.ACTIVE
+                    and self.programs.get(session_id) is program):
+                return program
+        return None

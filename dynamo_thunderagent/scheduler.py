@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from dynamo_thunderagent.capacity import Capacity, CapacityCard, UsageModel
 from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.costs import EngineCosts
-from dynamo_thunderagent.idle import ReturnEvidence, idle_horizon
+from dynamo_thunderagent.idle import IdlePrograms
 from dynamo_thunderagent.program import (
     Lifecycle,
     Phase,
@@ -109,18 +109,14 @@ class Scheduler:
         self.costs: EngineCosts | None = None
         self.counters = {"pauses": 0, "idle_pauses": 0, "resumes": 0, "forced_resumes": 0,
                          "moves": 0, "expired": 0, "evicted": 0, "rejected": 0}
-        self.evidence = ReturnEvidence()
         # PAUSED programs whose turn waits for room: the only programs that hold a new
         # program back, and the resume candidates when idle horizons are on.
         self._deferred: dict[str, Program] = {}
-        # Idle programs by when they went idle, (last_active, seq, session): the oldest
-        # idle one is evicted when the table is full. Entries are checked when popped
-        # (a program that became busy again, or was removed, leaves a stale entry).
-        self._idle_order: list[tuple[float, int, str]] = []
-        # Idle horizons, (deadline, seq, session, last_active), and the programs found
-        # past theirs, in that order: the first to give way under pressure.
-        self._horizons: list[tuple[float, int, str, float]] = []
-        self._dormant: dict[str, Program] = {}
+        # Idle programs: the eviction order, and (with idle horizons) the dormant ones
+        # that give way first under pressure.
+        self.idle = IdlePrograms(self.table.programs, factor=params.idle_horizon_factor,
+                                 minimum=params.idle_horizon_min_seconds,
+                                 maximum=params.session_retention_seconds)
 
     # ---- workers ---------------------------------------------------------------
     def set_workers(
@@ -236,7 +232,7 @@ class Scheduler:
                                     f"(max_turns_per_session={cap}); send a session's turns "
                                     "one at a time")
             if not program.busy:
-                self._returned(program, now)
+                self.idle.returned(program, now)
         request = TrackedRequest(request_id, session_id, input_tokens, now,
                                  RequestState.QUEUED, created_program=created)
         if self.params.shared_prefix_accounting and prefix_block_tokens > 0:
@@ -336,74 +332,19 @@ class Scheduler:
 
     def _evict_oldest_idle(self, d: Decisions) -> bool:
         """Remove the program idle the longest (O(log n) amortized); False if none is idle."""
-        while self._idle_order:
-            last_active, seq, session_id = heapq.heappop(self._idle_order)
-            program = self.table.programs.get(session_id)
-            if (program is None or program.seq != seq or program.busy
-                    or program.last_active != last_active):
-                continue  # stale: busy again, or gone
-            self._drop(program)
-            self.counters["evicted"] += 1
-            d.removed.append(session_id)
-            return True
-        return False
+        oldest = self.idle.oldest()
+        if oldest is None:
+            return False
+        self._drop(oldest)
+        self.counters["evicted"] += 1
+        d.removed.append(oldest.session_id)
+        return True
 
     def _drop(self, program: Program) -> None:
         """Remove ``program`` from the table and from every index that names it."""
         self.table.remove(program)
         self._deferred.pop(program.session_id, None)
-        self._dormant.pop(program.session_id, None)
-
-    # ---- idle programs ---------------------------------------------------------
-    def _went_idle(self, program: Program, now: float) -> None:
-        """``program`` has no turn in flight or waiting from ``now`` on."""
-        seq, session_id = program.seq, program.session_id
-        heapq.heappush(self._idle_order, (program.last_active, seq, session_id))
-        factor = self.params.idle_horizon_factor
-        if factor is not None and program.lifecycle is Lifecycle.ACTIVE:
-            horizon = idle_horizon(program, self.evidence, factor=factor,
-                                   minimum=self.params.idle_horizon_min_seconds,
-                                   maximum=self.params.session_retention_seconds)
-            heapq.heappush(self._horizons, (now + horizon, seq, session_id, program.last_active))
-        # Stale entries are dropped as they surface; rebuild if they pile up anyway.
-        bound = 2 * len(self.table.programs) + 1024
-        if len(self._idle_order) > bound:
-            self._idle_order = [(p.last_active, p.seq, p.session_id)
-                                for p in self.table.programs.values() if not p.busy]
-            heapq.heapify(self._idle_order)
-        if len(self._horizons) > bound:
-            live = {(p.seq, p.last_active) for p in self.table.programs.values() if not p.busy}
-            self._horizons = [e for e in self._horizons if (e[1], e[3]) in live]
-            heapq.heapify(self._horizons)
-
-    def _returned(self, program: Program, now: float) -> None:
-        """An idle program's next turn arrived: learn the gap, it is no longer dormant."""
-        self._dormant.pop(program.session_id, None)
-        if program.steps == 0:
-            return  # its only turn was aborted: nothing ended, no gap to learn
-        if program.max_gap == 0.0:
-            if program.gone_counted:
-                self.evidence.first_idle_undone()
-            else:
-                self.evidence.first_idle_ended(returned=True)
-        gap = max(0.0, now - program.last_active)
-        self.evidence.observe_gap(gap)
-        program.max_gap = max(program.max_gap, gap, 1e-9)
-
-    def _find_dormant(self, now: float) -> None:
-        """Move idle programs whose horizon has passed into the dormant set."""
-        horizons = self._horizons
-        while horizons and horizons[0][0] <= now:
-            _, seq, session_id, last_active = heapq.heappop(horizons)
-            program = self.table.programs.get(session_id)
-            if (program is None or program.seq != seq or program.busy
-                    or program.last_active != last_active):
-                continue
-            if program.max_gap == 0.0 and not program.gone_counted:
-                program.gone_counted = True
-                self.evidence.first_idle_ended(returned=False)
-            if program.lifecycle is Lifecycle.ACTIVE and program.worker is not None:
-                self._dormant[session_id] = program
+        self.idle.forget(program.session_id)
 
     def _reclaim_dormant(self, now: float, d: Decisions, need: float | None = None) -> bool:
         """Pause dormant programs, longest past their horizon first, to make room.
@@ -413,14 +354,9 @@ class Scheduler:
         """
         if self.params.idle_horizon_factor is None:
             return False
-        self._find_dormant(now)
+        self.idle.find_dormant(now)
         paused = False
-        while self._dormant:
-            session_id = next(iter(self._dormant))
-            program = self._dormant.pop(session_id)
-            if (program.busy or program.lifecycle is not Lifecycle.ACTIVE
-                    or self.table.programs.get(session_id) is not program):
-                continue
+        while (program := self.idle.pop_dormant()) is not None:
             self._pause(program, now, d, idle=True)
             paused = True
             if need is not None and self._least_used_with_room(need) is not None:
@@ -471,7 +407,7 @@ class Scheduler:
             self._pause(program, now, d)  # its tool boundary
         self._advance(program, now, d)
         if not program.busy and program.session_id in self.table.programs:
-            self._went_idle(program, now)
+            self.idle.went_idle(program, now)
         self._room_appeared(now, d)
         return d
 
@@ -513,7 +449,7 @@ class Scheduler:
             self._pause(program, now, d)
         self._advance(program, now, d)
         if not program.busy and program.session_id in self.table.programs:
-            self._went_idle(program, now)
+            self.idle.went_idle(program, now)
         self._room_appeared(now, d)
         return d
 
@@ -657,7 +593,7 @@ class Scheduler:
         """One scheduler pass: expire, unassign, resume, force overdue, relieve pressure."""
         d = Decisions()
         self._sweep(now, d)
-        self._find_dormant(now)
+        self.idle.find_dormant(now)
         self.resume_waiting(now, d)
         self._force_overdue(now, d)
         self._relieve_pressure(now, d)
@@ -722,7 +658,7 @@ class Scheduler:
 
         residency = self.params.min_residency_seconds
         threshold = self.params.pause_threshold
-        if self._dormant and any(self.table.usage(w) > c * threshold
+        if self.idle.dormant and any(self.table.usage(w) > c * threshold
                                  for w, c in self.capacity.known.items()):
             self._reclaim_dormant(now, d)  # idle programs give way first
         for worker, capacity in self.capacity.known.items():
@@ -783,8 +719,8 @@ class Scheduler:
             "tracked_requests": len(self.table.requests),
             "paused": len(self.table.paused()),
             "waiting_for_room": len(self._deferred),
-            "dormant": len(self._dormant),
-            "return_evidence": self.evidence.as_dict(),
+            "dormant": len(self.idle.dormant),
+            "return_evidence": self.idle.evidence.as_dict(),
             "ranks": ranks,
             "live_workers": sorted(self.capacity.live_worker_ids),
             "counters": dict(self.counters),

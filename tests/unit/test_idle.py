@@ -147,9 +147,9 @@ def test_returns_and_late_returns_are_counted_as_evidence() -> None:
         h.acting_on(f"one-{i}", W0, 100)
     h.advance(1.0)
     h.tick()  # every first idle passed its 0.5 s horizon: counted as gone
-    assert h.scheduler.evidence.return_rate == 0.0
+    assert h.scheduler.idle.evidence.return_rate == 0.0
     agent_step(h, "one-0", 150, gap=0.0)  # one came back after all
-    rate = h.scheduler.evidence.return_rate
+    rate = h.scheduler.idle.evidence.return_rate
     assert rate is not None and 0.1 < rate < 0.2
     assert h.program("one-0").max_gap > 0.0
 

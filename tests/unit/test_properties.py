@@ -503,7 +503,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             sid for sid, p in self.table.programs.items()
             if p.lifecycle is Lifecycle.PAUSED and p.current is not None), waiting
         # Dormant programs are retained, idle, and were ACTIVE when found dormant.
-        for sid, program in self.scheduler._dormant.items():
+        for sid, program in self.scheduler.idle.dormant.items():
             assert self.table.programs.get(sid) is program
 
     @invariant()
