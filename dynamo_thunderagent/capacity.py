@@ -48,6 +48,7 @@ class Capacity:
         self._live: frozenset[int] = frozenset()
         self._cards: dict[WorkerKey, CapacityCard] = {}
         self._known: dict[WorkerKey, int] = {}
+        self._largest = 0
 
     def update(
         self, live_worker_ids: Iterable[int], cards: Mapping[WorkerKey, CapacityCard]
@@ -60,6 +61,8 @@ class Capacity:
             for key, card in sorted(self._cards.items())
             if key.worker_id in self._live and card.tokens > 0
         }
+        # Read on every admission (the oversize check): kept, not recomputed.
+        self._largest = max(self._known.values(), default=0)
 
     def is_live(self, worker: WorkerKey) -> bool:
         return worker.worker_id in self._live
@@ -76,6 +79,11 @@ class Capacity:
     def known(self) -> Mapping[WorkerKey, int]:
         """Capacity in tokens of each live rank with a usable card, sorted by key."""
         return self._known
+
+    @property
+    def largest(self) -> int:
+        """The largest capacity in tokens among ``known`` (0: none known)."""
+        return self._largest
 
 
 @dataclass(frozen=True)

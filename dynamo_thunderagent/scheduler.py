@@ -190,14 +190,12 @@ class Scheduler:
         if len(table.requests) >= limit:
             return self._reject(d, request_id, f"the scheduler already tracks {limit} requests "
                                 f"(max_tracked_requests={limit}); retry later")
-        known = self.capacity.known
-        if not session_final and known:
-            largest = max(known.values())
-            if input_tokens > largest:
-                # It would wait for room that never comes; the engine could not run it either.
-                return self._reject(d, request_id, f"the prompt has {input_tokens} tokens, more "
-                                    f"than the KV capacity of any worker/rank (largest: "
-                                    f"{largest} tokens); shorten it or add larger workers")
+        largest = self.capacity.largest
+        if not session_final and largest and input_tokens > largest:
+            # It would wait for room that never comes; the engine could not run it either.
+            return self._reject(d, request_id, f"the prompt has {input_tokens} tokens, more "
+                                f"than the KV capacity of any worker/rank (largest: "
+                                f"{largest} tokens); shorten it or add larger workers")
         program = table.programs.get(session_id)
         if session_final:
             if program is None:
@@ -280,8 +278,8 @@ class Scheduler:
             return
         # Capped like on the resume side: a program that fits a rank's capacity but not
         # its threshold goes to an empty rank rather than waiting for one that never comes.
-        largest = max(self.capacity.known.values()) * self.params.pause_threshold
-        need = min(program.tokens + self.params.buffer_per_program, largest)
+        need = min(program.tokens + self.params.buffer_per_program,
+                   self.capacity.largest * self.params.pause_threshold)
         target = self._least_used_with_room(need if pays else None)
         if target is None and self._reclaim_dormant(now, d, need):
             target = self._least_used_with_room(need)
@@ -406,8 +404,6 @@ class Scheduler:
         if program.marked_for_pause:
             self._pause(program, now, d)  # its tool boundary
         self._advance(program, now, d)
-        if not program.busy and program.session_id in self.table.programs:
-            self.idle.went_idle(program, now)
         self._room_appeared(now, d)
         return d
 
@@ -448,15 +444,14 @@ class Scheduler:
         if program.marked_for_pause:
             self._pause(program, now, d)
         self._advance(program, now, d)
-        if not program.busy and program.session_id in self.table.programs:
-            self.idle.went_idle(program, now)
         self._room_appeared(now, d)
         return d
 
     cancel = aborted  # a cancelled deferral is an abort before release
 
     def _advance(self, program: Program, now: float, d: Decisions) -> None:
-        """Start the session's next turn, or end it if only session-final is left."""
+        """Start the session's next turn, end it if only session-final is left, or else
+        note that it is idle from ``now`` on."""
         if program.current is not None:
             return
         if program.waiting:
@@ -468,6 +463,8 @@ class Scheduler:
             self._drop(program)
             d.removed.append(program.session_id)
             d.released.append(Release(final, None, session_final=True))
+        else:
+            self.idle.went_idle(program, now)
 
     def _room_appeared(self, now: float, d: Decisions) -> None:
         """Event-driven resume (``resume_on_events``); the tick stays the backstop."""
@@ -538,7 +535,7 @@ class Scheduler:
         # A program larger than any rank's resume level (it still fits the capacity, or
         # admission would have refused it) needs a whole empty rank, not more than that:
         # without the cap it would wait for resume_timeout and hold every new program back.
-        largest = max(known.values()) * level
+        largest = self.capacity.largest * level
         chosen = []
         for program in sorted(paused, key=lambda p: self._resume_order(p, now)):
             need = min(program.tokens + buffer, largest)

@@ -128,7 +128,7 @@ def engine_error(finish_reason: Any) -> str | None:
     """
     if isinstance(finish_reason, Mapping):
         message = finish_reason.get("error")
-        return str(message) if message else f"engine error: {finish_reason!r}"
+        return str(message) if message else repr(dict(finish_reason))
     if isinstance(finish_reason, str) and finish_reason.lower() == "error":
         return "the engine reported an error without a message"
     return None
