@@ -445,6 +445,14 @@ class LocalStack:
         self._signal_group(proc, sig)
         return proc.pid
 
+    def _end(self, proc: StackProcess, sig: signal.Signals) -> None:
+        """Signal one process group, then SIGKILL what is left after the grace."""
+        self._signal_group(proc, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(timeout=self.config.stop_grace_s)
+        self._signal_group(proc, signal.SIGKILL)
+        proc.popen.wait(timeout=5.0)
+
     def _check_running(self) -> None:
         if self._stopped or not self._env:
             raise StackError("the stack is not running: start() it before restarting a process")
@@ -457,9 +465,7 @@ class LocalStack:
         """
         self._check_running()
         old = self.workers[index]
-        self._signal_group(old, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            old.popen.wait(timeout=5.0)
+        self._end(old, signal.SIGKILL)
         position = self.processes.index(old)
         new = self._spawn(old.name, "worker", self._mocker_argv(), self._env,
                           system_port=free_system_port())
@@ -482,11 +488,7 @@ class LocalStack:
         old = self.router
         if old is None:
             raise StackError(f"arm {self.config.arm!r} has no router to restart")
-        self._signal_group(old, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            old.popen.wait(timeout=self.config.stop_grace_s)
-        self._signal_group(old, signal.SIGKILL)
-        old.popen.wait(timeout=5.0)
+        self._end(old, sig)
         self.processes.remove(old)
         self._start_router(self._env)
         deadline = time.monotonic() + (timeout or self.config.startup_timeout_s)

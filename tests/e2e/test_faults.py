@@ -20,8 +20,10 @@ ranks) and ends with the same checks (:func:`settles`):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import random
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +109,23 @@ class Outcomes:
         self.errors.append(message)
 
 
+@contextlib.asynccontextmanager
+async def agents_running(
+        agent: Callable[[str], Awaitable[None]], sessions: list[str], client: Any,
+        stop: asyncio.Event, *, timeout: float) -> AsyncIterator[None]:
+    """Run ``agent(session)`` for each session until the block ends; then stop them, close
+    the client, and fail on any agent's unexpected exception."""
+    tasks = [asyncio.create_task(agent(session)) for session in sessions]
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout)
+        await client.close()
+    for task in tasks:
+        task.result()
+
+
 def accounted(state: State) -> int:
     r = state["router"]
     return (r["passthrough"] + r["completed"] + r["aborted"] + r["rejected"]
@@ -179,8 +198,7 @@ async def test_dp_ranks_honour_the_preferred_rank_and_survive_a_killed_worker(
                 await asyncio.sleep(0.05)
 
         sessions = [f"dp-{i}" for i in range(6)]
-        tasks = [asyncio.create_task(agent(s)) for s in sessions]
-        try:
+        async with agents_running(agent, sessions, client, stop, timeout=90):
             await asyncio.to_thread(
                 wait_for_state, stack,
                 lambda s: all(programs(s).get(x, {}).get("steps", 0) >= 3 for x in sessions),
@@ -200,12 +218,6 @@ async def test_dp_ranks_honour_the_preferred_rank_and_survive_a_killed_worker(
             await asyncio.to_thread(
                 wait_for_state, stack, lambda s: outcomes.ok >= mark + 2 * len(sessions),
                 "two more turns per agent after the kill", 90)
-        finally:
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
-            await client.close()
-        for task in tasks:
-            task.result()
         # A replacement worker joins with a new instance id and both of its ranks.
         stack.restart_worker(0)
         wait_for_state(stack, lambda s: len(s["live_workers"]) == 2 and sum(
@@ -245,8 +257,8 @@ async def test_router_killed_and_restarted_mid_load_serves_again_with_a_fresh_ta
                     await asyncio.sleep(0.3)
                 await asyncio.sleep(0.05)
 
-        tasks = [asyncio.create_task(agent(f"restart-{i}")) for i in range(4)]
-        try:
+        sessions = [f"restart-{i}" for i in range(4)]
+        async with agents_running(agent, sessions, client, stop, timeout=60):
             await asyncio.to_thread(wait_for_state, stack,
                                     lambda s: s["router"]["completed"] >= 12, "some turns")
             await asyncio.to_thread(stack.restart_router)
@@ -255,12 +267,6 @@ async def test_router_killed_and_restarted_mid_load_serves_again_with_a_fresh_ta
             await asyncio.to_thread(
                 wait_for_state, stack, lambda s: outcomes.ok >= mark + 8,
                 "agents served again after the restart", 90)
-        finally:
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
-            await client.close()
-        for task in tasks:
-            task.result()
         # The new router knows only what it saw since it started (no persisted table).
         settles(stack, "a router restart")
 
@@ -402,3 +408,35 @@ def test_session_headers_outside_the_accepted_syntax(tmp_path: Path) -> None:
             assert served in stack.worker_instances().values()
         state = settles(stack, "bad session headers")
         assert state["router"]["rejected"] == 3
+
+
+# ---- one session flooding its own queue ------------------------------------------------------
+async def test_a_session_cannot_queue_more_than_its_bound_and_its_queue_still_drains(
+        tmp_path: Path) -> None:
+    import openai
+
+    policy = extended_policy(tmp_path / "turns.yaml", scheduler_interval_seconds=0.5,
+                             max_turns_per_session=4)
+    with start_stack(tmp_path, policy=policy, speedup_ratio=1.0) as stack:
+        await asyncio.to_thread(wait_until_ready, stack, 2)
+        client = async_client(stack, timeout=60)
+        outcomes = Outcomes()
+
+        async def turn(max_tokens: int) -> None:
+            try:
+                await client.chat.completions.create(
+                    model=MODEL, max_tokens=max_tokens, extra_headers={SESSION: "greedy"},
+                    messages=[{"role": "user", "content": "again"}])
+                outcomes.ok += 1
+            except openai.APIError as error:
+                outcomes.record_error(error)
+
+        holder = asyncio.create_task(turn(300))  # seconds on the worker at speedup 1
+        await asyncio.to_thread(
+            wait_for_state, stack, lambda s: s["in_flight"] == 1, "the first turn in flight")
+        await asyncio.gather(*(turn(4) for _ in range(6)), holder)
+        await client.close()
+        assert outcomes.ok == 4, outcomes.errors  # the turn in flight and 3 queued behind it
+        assert len(outcomes.errors) == 3
+        assert all("max_turns_per_session=4" in e for e in outcomes.errors), outcomes.errors
+        await asyncio.to_thread(settles, stack, "a session over its turn bound")

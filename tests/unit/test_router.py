@@ -385,13 +385,8 @@ async def test_closing_the_generator_mid_stream_aborts_the_request() -> None:
 
 async def test_a_client_that_leaves_while_deferred_is_never_forwarded() -> None:
     h = Harness()
-    h.kv.hold = asyncio.Event()
-    first = asyncio.create_task(collect(h.router, turn("s"), "r1"))
-    await until(lambda: len(h.kv.requests) == 1, "the first turn is forwarded")
     context = FakeContext("r2")
-    second = asyncio.create_task(
-        _drain(h.router.generate(turn("s"), context)))
-    await until(lambda: len(h.program("s").waiting) == 1, "the second turn queues")
+    first, second = await _queued_behind_a_held_turn(h, context)
 
     context.stopped.set()
     assert await asyncio.wait_for(second, 5) == []  # ends quietly: nobody is listening
@@ -402,6 +397,18 @@ async def test_a_client_that_leaves_while_deferred_is_never_forwarded() -> None:
     h.kv.hold.set()
     await asyncio.wait_for(first, 5)
     assert len(h.kv.requests) == 1 and h.classifier.scheduler.table.requests == {}
+
+
+async def _queued_behind_a_held_turn(
+        h: Harness, context: FakeContext) -> tuple[asyncio.Task[Any], asyncio.Task[Any]]:
+    """Session "s": turn r1 held on its worker after its first chunk, the handler of a
+    second turn (``context``) waiting behind it for admission."""
+    h.kv.hold = asyncio.Event()
+    first = asyncio.create_task(collect(h.router, turn("s"), "r1"))
+    await until(lambda: len(h.kv.requests) == 1, "the first turn is forwarded")
+    second = asyncio.create_task(_drain(h.router.generate(turn("s"), context)))
+    await until(lambda: len(h.program("s").waiting) == 1, "the second turn queues")
+    return first, second
 
 
 async def _drain(stream: AsyncIterator[Any]) -> list[Any]:
@@ -436,11 +443,7 @@ def test_refresh_workers_passes_live_ids_and_their_cards_to_the_classifier() -> 
 
 async def test_a_handler_cancelled_as_its_turn_is_admitted_does_not_strand_the_session() -> None:
     h = Harness()
-    h.kv.hold = asyncio.Event()
-    first = asyncio.create_task(collect(h.router, turn("s"), "r1"))
-    await until(lambda: len(h.kv.requests) == 1, "the first turn is forwarded")
-    second = asyncio.create_task(_drain(h.router.generate(turn("s"), FakeContext("r2"))))
-    await until(lambda: len(h.program("s").waiting) == 1, "the second turn queues")
+    first, second = await _queued_behind_a_held_turn(h, FakeContext("r2"))
 
     h.classifier.on_event(Completed("r1", 20))  # releases r2 ...
     await asyncio.sleep(0)  # ... whose admission completes in this step,
@@ -504,11 +507,7 @@ async def test_a_session_id_outside_the_syntax_gets_a_clear_error_and_nothing_is
 
 async def test_a_handler_cancelled_while_waiting_is_counted_and_the_cancel_propagates() -> None:
     h = Harness()
-    h.kv.hold = asyncio.Event()
-    first = asyncio.create_task(collect(h.router, turn("s"), "r1"))
-    await until(lambda: len(h.kv.requests) == 1, "the first turn is forwarded")
-    second = asyncio.create_task(_drain(h.router.generate(turn("s"), FakeContext("r2"))))
-    await until(lambda: len(h.program("s").waiting) == 1, "the second turn queues")
+    first, second = await _queued_behind_a_held_turn(h, FakeContext("r2"))
     second.cancel()  # Dynamo cancels the handler (not the client's stop signal)
     with pytest.raises(asyncio.CancelledError):
         await second
