@@ -36,12 +36,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from dynamo_thunderagent.bench.driver import SESSION_HEADER
 from dynamo_thunderagent.bench.output import publish
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AIPERF_VENV = REPO_ROOT / ".venv-aiperf"
-SESSION_HEADER = "X-Dynamo-Session-ID"
 SUMMARY_FILE = "profile_export_aiperf.json"
 ARM_CHOICES = ("stock", "builtin", "dynamo-python", "ours")
 

@@ -32,13 +32,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from dynamo_thunderagent.bench.driver import FINAL_HEADER, SESSION_HEADER
 from dynamo_thunderagent.bench.metrics import percentile
 from dynamo_thunderagent.bench.output import publish
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
 
-SESSION = "X-Dynamo-Session-ID"
-SESSION_FINAL = "X-Dynamo-Session-Final"
 PROBE_PERIOD = 0.25
 FAULTS = ("worker-kill", "router-restart", "disconnects", "bad-input")
 MAX_MODEL_LEN = 3072
@@ -114,9 +113,9 @@ class Bench:
                    final: bool = False, **kwargs: Any) -> bool:
         import openai
 
-        headers = {SESSION: session}
+        headers = {SESSION_HEADER: session}
         if final:
-            headers[SESSION_FINAL] = "true"
+            headers[FINAL_HEADER] = "true"
         self.report.requests += 1
         try:
             await self.client.chat.completions.create(
