@@ -1,0 +1,100 @@
+"""The simulator's recorded outputs: the reference a restructuring must reproduce exactly.
+
+The simulator is deterministic, so ``bench sim`` with the same flags prints the same figures
+byte for byte. Each case below is one ``bench sim`` command line; its recorded output (the
+per-run results and the scenario, minus the machine-specific trace path) lives in
+``tests/golden/sim/<name>.json``. ``tests/unit/test_golden_sim.py`` re-runs every case.
+
+A change that is meant to alter a figure (a bug fixed on the way) re-records the files with
+``python -m tests.golden.sim_cases`` and says in its commit which cases changed and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from dynamo_thunderagent.bench.sim.run import add_arguments, run_sweep, spec_from_args, to_json
+from dynamo_thunderagent.bench.workload import DEFAULT_TRACE
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN_DIR = Path(__file__).resolve().parent / "sim"
+POLICIES = ROOT / "policies"
+ALL_ARMS = "ours,no-admission,ttl-pinning,upstream"
+
+
+def _cases() -> dict[str, list[str]]:
+    cases: dict[str, list[str]] = {}
+    # The calibrated regime on the synthetic SWE-agent shape needs no trace file; the trace
+    # replay is its own case (skipped where the shared trace is absent).
+    regimes = {
+        "calibrated": ["--regime", "calibrated", "--workload", "synthetic"],
+        "cheap": ["--regime", "cheap-recompute"],
+    }
+    for regime, flags in regimes.items():
+        cases[f"{regime}-parity"] = [*flags, "--arms", ALL_ARMS]
+        cases[f"{regime}-extended"] = [
+            *flags, "--arms", "ours", "--policy", str(POLICIES / "thunderagent-extended.yaml")]
+        for ablation in sorted((POLICIES / "ablations").glob("*.yaml")):
+            cases[f"{regime}-{ablation.stem}"] = [
+                *flags, "--arms", "ours", "--policy", str(ablation)]
+    cases["trace-parity"] = ["--regime", "calibrated", "--workload", "trace", "--arms", ALL_ARMS]
+    return cases
+
+
+CASES = _cases()
+
+
+def needs_trace(name: str) -> bool:
+    return name.startswith("trace-")
+
+
+def trace_available() -> bool:
+    return DEFAULT_TRACE.is_file()
+
+
+def record(argv: list[str]) -> dict[str, Any]:
+    """Run one case in this process (parallel over the CPUs) and return what is compared."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    spec = spec_from_args(parser.parse_args(argv))
+    data = to_json(spec, run_sweep(spec))
+    if data["scenario"].get("trace"):
+        data["scenario"]["trace"] = Path(data["scenario"]["trace"]).name
+    if data.get("policy"):
+        data["policy"] = Path(data["policy"]).name
+    # JSON round trip: floats compare exactly as they would in the recorded file.
+    result: dict[str, Any] = json.loads(json.dumps({"argv": [_portable(a) for a in argv],
+                                                    **data}))
+    return result
+
+
+def _portable(arg: str) -> str:
+    return str(Path(arg).relative_to(ROOT)) if arg.startswith(str(ROOT)) else arg
+
+
+def path_of(name: str) -> Path:
+    return GOLDEN_DIR / f"{name}.json"
+
+
+def main() -> int:
+    GOLDEN_DIR.mkdir(parents=True, exist_ok=True)
+    names = sys.argv[1:] or list(CASES)
+    for name in names:
+        if needs_trace(name) and not trace_available():
+            print(f"skip {name}: no trace at {DEFAULT_TRACE}", file=sys.stderr)
+            continue
+        data = record(CASES[name])
+        path_of(name).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n",
+                                 encoding="utf-8")
+        print(f"recorded {name} ({len(data['results'])} runs)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    raise SystemExit(main())
