@@ -36,7 +36,7 @@ from dynamo_thunderagent.classifier import (
     RequestEvent,
     Sent,
 )
-from dynamo_thunderagent.costs import CostMeter
+from dynamo_thunderagent.costs import TurnTiming
 from dynamo_thunderagent.dynamo.translate import (
     BadSessionHeader,
     StreamTracker,
@@ -152,7 +152,6 @@ class ThunderAgentRouter:
         self.refresh_interval = refresh_interval
         self.clock = clock
         self.stats = RouterStats()
-        self.costs = CostMeter()
         # Tracked (session) requests being forwarded, by id: what reap_orphans checks
         # against. Requests without a session are only counted: their ids are not the
         # scheduler's business and may even repeat a tracked one's.
@@ -266,13 +265,10 @@ class ThunderAgentRouter:
                 self.stats.prompt_tokens += tracker.usage_prompt_tokens or tracker.prompt_tokens
                 self.stats.cached_tokens += tracker.cached_tokens
             if isinstance(tracker.terminal, Completed):
-                costs = self.costs.observe(
+                self.classifier.observe_turn(TurnTiming(
                     tracker.uncached_tokens,
                     None if tracker.prefill_ms is None else tracker.prefill_ms / 1e3,
-                    _decode_seconds(tracker))
-                if costs is not None:
-                    self.classifier.observe_costs(costs.prefill_seconds_per_token,
-                                                  costs.decode_seconds)
+                    _decode_seconds(tracker)))
 
     async def _forward(
         self, request: dict[str, Any], admission: Admission
@@ -385,8 +381,6 @@ class ThunderAgentRouter:
             "live_workers": sorted(self._live),
             "unreachable_workers": sorted(self._unreachable),
             "block_size": self.block_size,
-            "costs": {"prefill_seconds_per_token": self.costs.prefill_seconds_per_token,
-                      "decode_seconds": self.costs.decode_seconds},
         }
 
 
