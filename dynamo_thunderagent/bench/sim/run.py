@@ -1,7 +1,8 @@
 """``dynamo-thunderagent bench sim``: sweep arms x agent counts on the simulator, print a table.
 
 A *scenario* fixes everything but the arm and N: workers, KV pool, batching limits, timing
-regime, workload, window. Two presets, one per timing regime:
+regime, workload, window. Two presets, one per timing regime, built from the regime's
+definition in ``bench/regimes.py`` (the same the live harness reads):
 
 * ``cheap-recompute``: the live harness's mocker setup (workload.md, "Measured here"): 2
   workers x 1,408 blocks x 16 tokens, agents of 10-20 turns (500-token shared system prompt,
@@ -37,27 +38,25 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from dynamo_thunderagent.bench.regimes import REGIMES, regime_named
 from dynamo_thunderagent.bench.sim.arms import ARM_NAMES, DEFAULT_POLICY, build_arm, parse_arms
 from dynamo_thunderagent.bench.sim.engine import EngineConfig
 from dynamo_thunderagent.bench.sim.simulation import RunConfig, RunResult, Simulation
-from dynamo_thunderagent.bench.sim.timing import (
-    TimingModel,
-    calibrated_timing,
-    cheap_recompute_timing,
-)
+from dynamo_thunderagent.bench.sim.timing import TimingModel
 from dynamo_thunderagent.bench.workload import (
     DEFAULT_TRACE,
+    TRACE_SYSTEM_TOKENS,
     AgentPlan,
-    ToolTimeComponent,
     WorkloadSpec,
     agent_stream,
     load_trace,
     replay_stream,
 )
+from dynamo_thunderagent.catalog import PluginError
+from dynamo_thunderagent.config import PolicyError
 
 SWEEP_FACTORS = (0.5, 1.0, 1.5, 2.0, 3.0)
 SAMPLE_AGENTS = 64  # plans sampled to size the sweep and the TTL
-TRACE_SYSTEM_TOKENS = 1000  # shared system prompt assumed when replaying a trace
 
 
 @dataclass(frozen=True)
@@ -102,46 +101,22 @@ class Scenario:
         return data
 
 
-def cheap_recompute_scenario() -> Scenario:
-    mocker_tools = (ToolTimeComponent(weight=1.0, kind="lognormal", scale=0.5, shape=0.8,
-                                      cap_seconds=60.0),)
+def regime_scenario(name: str) -> Scenario:
+    """The preset of a regime (``bench.regimes``): its cluster, timing, workload, window."""
+    r = regime_named(name)
+    trace = r.default_trace()
     return Scenario(
-        regime="cheap-recompute",
-        timing=cheap_recompute_timing(1408 * 16),
-        workers=2,
-        blocks=1408,
-        block_size=16,
-        workload=WorkloadSpec(turns=(10, 20), system_prompt_tokens=500,
-                              first_turn_tokens=(200, 800), tool_output_tokens=(100, 300),
-                              output_tokens=(32, 64), tool_time=mocker_tools),
-        warmup_s=60.0,
-        window_s=300.0,
+        regime=r.name,
+        timing=r.sim_timing,
+        workers=r.sim.workers,
+        blocks=r.sim.blocks,
+        block_size=r.sim.block_size,
+        workload=r.workload_spec(),
+        warmup_s=r.sim.warmup_s,
+        window_s=r.sim.window_s,
+        client_overhead_s=r.client_overhead_s,
+        trace=str(trace) if trace is not None else None,
     )
-
-
-def calibrated_scenario() -> Scenario:
-    overhead = 0.0
-    try:
-        from dynamo_thunderagent.bench.calibration import DEFAULT_TIMING
-
-        overhead = DEFAULT_TIMING.request_overhead_s
-    except ImportError:
-        overhead = 0.72
-    return Scenario(
-        regime="calibrated",
-        timing=calibrated_timing(),
-        workers=2,
-        blocks=16384,
-        block_size=16,
-        workload=WorkloadSpec(),
-        warmup_s=600.0,
-        window_s=1800.0,
-        client_overhead_s=overhead,
-        trace=str(DEFAULT_TRACE) if DEFAULT_TRACE.is_file() else None,
-    )
-
-
-SCENARIOS = {"cheap-recompute": cheap_recompute_scenario, "calibrated": calibrated_scenario}
 
 
 def sample_plans(scenario: Scenario, seed: int) -> list[AgentPlan]:
@@ -294,7 +269,7 @@ def _ints(text: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``bench sim`` flags; every scenario flag defaults to the regime's preset."""
-    parser.add_argument("--regime", choices=sorted(SCENARIOS), default="calibrated",
+    parser.add_argument("--regime", choices=sorted(REGIMES), default="calibrated",
                         help="timing regime and its preset scenario (default calibrated)")
     parser.add_argument("--arms", default=",".join(ARM_NAMES),
                         help=f"comma-separated arms (default {','.join(ARM_NAMES)})")
@@ -329,7 +304,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     """Build the sweep from parsed flags; raises ValueError naming a bad flag."""
-    scenario = SCENARIOS[args.regime]()
+    scenario = regime_scenario(args.regime)
     overrides: dict[str, Any] = {}
     for flag in ("workers", "blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
                  "window_s", "warmup_s"):
@@ -369,9 +344,6 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
 
 def run_sim_cli(args: argparse.Namespace) -> int:
     """Entry point of ``bench sim``: 0 on success, 2 on bad flags or policy."""
-    from dynamo_thunderagent.catalog import PluginError
-    from dynamo_thunderagent.config import PolicyError
-
     try:
         spec = spec_from_args(args)
         if "ours" in spec.arms:  # fail on a bad policy before simulating anything
