@@ -27,11 +27,11 @@ Figures (:class:`RunResult`) count turns that *finished* inside the steady windo
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dynamo_thunderagent.bench.metrics import percentile
 from dynamo_thunderagent.bench.sim.arms import Arm
 from dynamo_thunderagent.bench.sim.engine import (
     Cluster,
@@ -112,14 +112,6 @@ class RunResult:
         data = asdict(self)
         data["problems"] = list(self.problems)
         return data
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (as ``bench.metrics.percentile``); None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
 
 
 @dataclass
