@@ -30,16 +30,15 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from dynamo_thunderagent.bench.records import RecordKind, RunResult, TurnRecord
 from dynamo_thunderagent.bench.workload import AgentPlan
 
 SESSION_HEADER = "X-Dynamo-Session-ID"
 FINAL_HEADER = "X-Dynamo-Session-Final"
-
-RecordKind = Literal["turn", "final", "release"]
 
 # Words that the project's tiny model (stack/tiny_model.py) encodes as one token each when
 # preceded by a space. Used when no tokenizer file is given; checked when one is.
@@ -47,59 +46,6 @@ TINY_MODEL_WORDS: tuple[str, ...] = (
     "the", "tool", "and", "pause", "token", "list", "observation", "program", "json",
     "next", "test", "tokens",
 )  # fmt: skip
-
-
-@dataclass
-class TurnRecord:
-    """One request of the run. Times are seconds since the run started (monotonic clock).
-
-    ``kind``: ``turn`` (an LLM turn of a plan), ``final`` (the session-final request of an
-    agent that finished every turn), ``release`` (a session-final request for an agent the
-    run stopped early). ``error`` is ``"<ExceptionType>: <message>"`` or None;
-    ``cancelled`` marks a request cut off at the end of the drain.
-    """
-
-    kind: RecordKind
-    agent: int
-    session_id: str
-    turn: int
-    start: float
-    end: float
-    planned_prompt_tokens: int
-    planned_output_tokens: int
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    completion_tokens: int | None = None
-    error: str | None = None
-    error_type: str | None = None
-    cancelled: bool = False
-
-    @property
-    def latency(self) -> float:
-        return self.end - self.start
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and not self.cancelled
-
-
-@dataclass
-class RunResult:
-    """Everything a run recorded, plus the run's own bookkeeping."""
-
-    records: list[TurnRecord]
-    agents: int
-    window_s: float
-    drain_s: float
-    elapsed_s: float
-    agents_started: int
-    agents_completed: int
-    template_overhead: dict[str, int] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["records"] = [asdict(r) for r in self.records]
-        return data
 
 
 @dataclass(frozen=True)

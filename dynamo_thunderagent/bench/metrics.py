@@ -1,6 +1,6 @@
 """What a closed-loop run measured: the figures workload.md asks for, from turn records alone.
 
-Pure functions over :class:`~dynamo_thunderagent.bench.driver.TurnRecord`-like objects (any
+Pure functions over :class:`~dynamo_thunderagent.bench.records.TurnRecord`-like objects (any
 object with the same attributes), so they can be tested without a server.
 
 Definitions (one place, so every report means the same thing):

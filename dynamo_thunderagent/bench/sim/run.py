@@ -41,7 +41,7 @@ from typing import Any
 from dynamo_thunderagent.bench.regimes import REGIMES, regime_named
 from dynamo_thunderagent.bench.sim.arms import ARM_NAMES, DEFAULT_POLICY, build_arm, parse_arms
 from dynamo_thunderagent.bench.sim.engine import EngineConfig
-from dynamo_thunderagent.bench.sim.simulation import RunConfig, RunResult, Simulation
+from dynamo_thunderagent.bench.sim.simulation import RunConfig, SimFigures, Simulation
 from dynamo_thunderagent.bench.sim.timing import TimingModel
 from dynamo_thunderagent.bench.workload import (
     DEFAULT_TRACE,
@@ -155,7 +155,7 @@ class SweepSpec:
 
 
 def run_one(scenario: Scenario, arm_name: str, agents: int, seed: int,
-            policy: str | None, ttl_s: float) -> RunResult:
+            policy: str | None, ttl_s: float) -> SimFigures:
     """One deterministic run of ``arm_name`` with ``agents`` agents."""
     config = RunConfig(agents=agents, workers=scenario.workers, engine=scenario.engine(),
                        warmup_s=scenario.warmup_s, window_s=scenario.window_s,
@@ -170,11 +170,11 @@ def run_one(scenario: Scenario, arm_name: str, agents: int, seed: int,
     return sim.run()
 
 
-def _run_star(args: tuple[Scenario, str, int, int, str | None, float]) -> RunResult:
+def _run_star(args: tuple[Scenario, str, int, int, str | None, float]) -> SimFigures:
     return run_one(*args)
 
 
-def run_sweep(spec: SweepSpec) -> list[RunResult]:
+def run_sweep(spec: SweepSpec) -> list[SimFigures]:
     """Every (N, arm) pair, N-major; parallel over ``jobs`` processes, same results."""
     tasks = [(spec.scenario, arm, n, spec.seed, spec.policy, spec.ttl_s)
              for n in spec.agents for arm in spec.arms]
@@ -189,7 +189,7 @@ def _f(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def markdown(spec: SweepSpec, results: Sequence[RunResult]) -> str:
+def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
     """The sweep as markdown: setup, steps/min by N, then every figure per (N, arm)."""
     s = spec.scenario
     baseline = {r.agents: r.steps_per_min for r in results if r.arm == "no-admission"}
@@ -246,7 +246,7 @@ def _describe_workload(w: WorkloadSpec) -> str:
             f"time x{w.time_scale:g})")
 
 
-def to_json(spec: SweepSpec, results: Sequence[RunResult]) -> dict[str, Any]:
+def to_json(spec: SweepSpec, results: Sequence[SimFigures]) -> dict[str, Any]:
     return {
         "scenario": spec.scenario.describe(),
         "arms": list(spec.arms),
