@@ -100,6 +100,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from dynamo_thunderagent.bench.calibration.mocker import StackGeometry
 from dynamo_thunderagent.bench.live_report import (
     Observer,
     build_report,
@@ -125,6 +126,7 @@ from dynamo_thunderagent.bench.live_sweep import (
     run_plans,
     workload_shape,
 )
+from dynamo_thunderagent.bench.regimes import REGIMES
 from dynamo_thunderagent.bench.runner import (
     RunSpec,
     run_stack,
@@ -282,8 +284,6 @@ class PreparedRegime:
 
 def prepare_regime(config: LiveConfig, regime: str, work_dir: Path) -> PreparedRegime:
     """Size the regime and write its mocker profile (calibrated) under ``work_dir``."""
-    from dynamo_thunderagent.bench.calibration import REGIMES, StackGeometry
-
     setup, sweep = config.plan(regime)
     geometry = StackGeometry(sweep.num_gpu_blocks, config.block_size, setup.speedup_ratio)
     mocker_args = REGIMES[regime].mocker_args(

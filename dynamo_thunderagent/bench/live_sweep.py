@@ -17,10 +17,12 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from dynamo_thunderagent.bench.regimes import REGIME_NAMES, regime_named
 from dynamo_thunderagent.bench.workload import (
     DEFAULT_TRACE,
+    SYNTHETIC_WORKLOADS,
+    TRACE_SYSTEM_TOKENS,
     AgentPlan,
-    ToolTimeComponent,
     WorkloadSpec,
     agent_stream,
     load_trace,
@@ -31,29 +33,11 @@ from dynamo_thunderagent.policy_files import EXTENDED_POLICY, PARITY_POLICY
 ARM_BASES: tuple[str, ...] = ("stock", "builtin", "dynamo-python", "ours")
 DEFAULT_ARMS: tuple[str, ...] = ARM_BASES
 QUICK_ARMS: tuple[str, ...] = ("stock", "ours")
-REGIME_NAMES: tuple[str, ...] = ("calibrated", "cheap-recompute")
-WORKLOADS: tuple[str, ...] = ("trace", "swe", "toy")
+WORKLOADS: tuple[str, ...] = ("trace", *SYNTHETIC_WORKLOADS)
 DEFAULT_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0)
 QUICK_FACTORS: tuple[float, ...] = (1.0, 3.0)
-TRACE_SYSTEM_TOKENS = 1000  # shared system prompt assumed when replaying the trace
 SAMPLE_AGENTS = 256  # synthetic plans sampled to size the capacity
 BUILTIN_LOG_FILTER = "info,thunderagent=debug"  # the builtin's state-change lines are debug
-
-# The "measured here" agents of workload.md (and the simulator's cheap-recompute preset).
-TOY_SPEC = WorkloadSpec(
-    turns=(10, 20),
-    system_prompt_tokens=500,
-    first_turn_tokens=(200, 800),
-    tool_output_tokens=(100, 300),
-    output_tokens=(32, 64),
-    tool_time=(
-        ToolTimeComponent(weight=1.0, kind="lognormal", scale=0.5, shape=0.8, cap_seconds=60.0),
-    ),
-    session_prefix="toy",
-)
-SWE_SPEC = WorkloadSpec(session_prefix="swe")
-
-
 
 
 def relative_path(path: Path | None) -> str | None:
@@ -180,37 +164,25 @@ class RegimeSetup:
         return data
 
 
-def default_setup(regime: str) -> RegimeSetup:
-    """The defaults of a regime (see the module docstring)."""
-    if regime == "calibrated":
-        from dynamo_thunderagent.bench.calibration import DEFAULT_TIMING
-
-        return RegimeSetup(
-            regime="calibrated",
-            workload="trace" if DEFAULT_TRACE.is_file() else "swe",
-            token_scale=0.1,
-            time_scale=0.25,
-            speedup_ratio=1.0,
-            client_overhead_s=DEFAULT_TIMING.request_overhead_s,
-            max_agents=24,
-            trace=DEFAULT_TRACE,
-        )
-    if regime == "cheap-recompute":
-        return RegimeSetup(
-            regime="cheap-recompute",
-            workload="toy",
-            token_scale=1.0,
-            time_scale=1.0,
-            speedup_ratio=1.0,
-            client_overhead_s=0.0,
-            max_agents=30,
-            trace=DEFAULT_TRACE,
-        )
-    raise ValueError(f"unknown regime {regime!r}; choose from {REGIME_NAMES}")
+def default_setup(name: str) -> RegimeSetup:
+    """The live defaults of a regime (``bench.regimes``): its workload and scaling."""
+    r = regime_named(name)
+    return RegimeSetup(
+        regime=r.name,
+        workload="trace" if r.default_trace() is not None else r.workload,
+        token_scale=r.live.token_scale,
+        time_scale=r.live.time_scale,
+        speedup_ratio=r.live.speedup_ratio,
+        client_overhead_s=r.client_overhead_s,
+        max_agents=r.live.max_agents,
+        trace=DEFAULT_TRACE,
+    )
 
 
 def _scaled(spec: WorkloadSpec, setup: RegimeSetup) -> WorkloadSpec:
-    return dataclasses.replace(spec, token_scale=setup.token_scale, time_scale=setup.time_scale)
+    # Session ids name the workload (``toy-<seed>-<i>``, ``swe-<seed>-<i>``).
+    return dataclasses.replace(spec, token_scale=setup.token_scale, time_scale=setup.time_scale,
+                               session_prefix=setup.workload)  # fmt: skip
 
 
 def base_plans(setup: RegimeSetup, seed: int) -> Iterator[AgentPlan]:
@@ -220,8 +192,7 @@ def base_plans(setup: RegimeSetup, seed: int) -> Iterator[AgentPlan]:
         plans = _trace_plans(setup.trace, setup.token_scale, setup.time_scale,
                              setup.system_prompt_tokens)  # fmt: skip
         return replay_stream(plans, seed)
-    spec = TOY_SPEC if setup.workload == "toy" else SWE_SPEC
-    return agent_stream(_scaled(spec, setup), seed)
+    return agent_stream(_scaled(SYNTHETIC_WORKLOADS[setup.workload], setup), seed)
 
 
 _TRACE_CACHE: dict[tuple[str, float, float, int], list[AgentPlan]] = {}

@@ -1,6 +1,6 @@
 """What a closed-loop run measured: the figures workload.md asks for, from turn records alone.
 
-Pure functions over :class:`~dynamo_thunderagent.bench.driver.TurnRecord`-like objects (any
+Pure functions over :class:`~dynamo_thunderagent.bench.records.TurnRecord`-like objects (any
 object with the same attributes), so they can be tested without a server.
 
 Definitions (one place, so every report means the same thing):
@@ -90,7 +90,12 @@ class ArmMetrics:
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in [0, 1]) of ``values``; None if empty."""
+    """Nearest-rank percentile (``q`` in [0, 1]) of ``values``; None if empty.
+
+    The value of rank ``ceil(q x n)`` (at least 1) in ascending order: always one of the
+    samples, never interpolated. Every percentile the benchmarks report (live, simulator,
+    overhead, reliability) comes from here, so their p50 and p99 mean the same thing.
+    """
     if not values:
         return None
     if not 0.0 <= q <= 1.0:

@@ -22,6 +22,7 @@ import statistics
 import time
 from typing import Any
 
+from dynamo_thunderagent.bench.metrics import percentile
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.program import Phase, WorkerKey
@@ -31,12 +32,6 @@ BLOCK_SIZE = 16
 # Fleet fill after warm-up: below the pause threshold, so new programs take the
 # placement search (the expensive admission path) instead of queueing.
 FILL = 0.70
-
-
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def build_fleet(workers: int, dp_ranks: int, programs: int, seed: int) -> tuple[Scheduler, float]:
@@ -113,12 +108,12 @@ def run_benchmark(workers: int, dp_ranks: int, programs: int, ticks: int, admiss
         "workers": workers,
         "dp_ranks": dp_ranks,
         "programs": programs,
-        "admit_p50_ms": _percentile(admit, 0.50),
-        "admit_p99_ms": _percentile(admit, 0.99),
-        "admit_continuing_p99_ms": _percentile(continuing, 0.99) if continuing else None,
-        "admit_new_p99_ms": _percentile(new, 0.99),
-        "tick_p50_ms": _percentile(tick_ms, 0.50),
-        "tick_p99_ms": _percentile(tick_ms, 0.99),
+        "admit_p50_ms": percentile(admit, 0.50),
+        "admit_p99_ms": percentile(admit, 0.99),
+        "admit_continuing_p99_ms": percentile(continuing, 0.99),
+        "admit_new_p99_ms": percentile(new, 0.99),
+        "tick_p50_ms": percentile(tick_ms, 0.50),
+        "tick_p99_ms": percentile(tick_ms, 0.99),
         "tick_mean_ms": statistics.fmean(tick_ms),
         "admissions_timed": len(admit),
         "ticks_timed": len(tick_ms),

@@ -115,6 +115,25 @@ class WorkloadSpec:
         return scale_tokens(self.system_prompt_tokens, self.token_scale)
 
 
+# The synthetic workloads the benchmarks run, by name. ``swe``: the SWE-agent shape above.
+# ``toy``: the "measured here" agents of workload.md, sized for the mocker's default KV pool
+# (10-20 turns, 500-token shared system prompt, 100-300 tool tokens and 32-64 generated tokens
+# a turn, tool time lognormal with a 0.5 s median). Session ids start with ``session_prefix``
+# ("agent"); a harness that wants the workload's name in them replaces it.
+SWE_WORKLOAD = WorkloadSpec()
+TOY_WORKLOAD = WorkloadSpec(
+    turns=(10, 20),
+    system_prompt_tokens=500,
+    first_turn_tokens=(200, 800),
+    tool_output_tokens=(100, 300),
+    output_tokens=(32, 64),
+    tool_time=(
+        ToolTimeComponent(weight=1.0, kind="lognormal", scale=0.5, shape=0.8, cap_seconds=60.0),
+    ),
+)
+SYNTHETIC_WORKLOADS: dict[str, WorkloadSpec] = {"swe": SWE_WORKLOAD, "toy": TOY_WORKLOAD}
+
+
 @dataclass(frozen=True)
 class TurnPlan:
     """One turn: tokens appended before it, tokens generated, tool seconds after it."""
@@ -210,6 +229,10 @@ def agent_stream(spec: WorkloadSpec, seed: int) -> Iterator[AgentPlan]:
 
 
 # ----- trace replay ------------------------------------------------------------------------
+
+# The shared system prompt assumed when replaying the trace (trace tokens, before scaling):
+# the trace records whole prompts, not which part every agent of the job shares.
+TRACE_SYSTEM_TOKENS = 1000
 
 
 @dataclass(frozen=True)

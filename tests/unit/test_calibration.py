@@ -14,17 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from dynamo_thunderagent.bench import calibration as cal
-from dynamo_thunderagent.bench import trace_fit
-from dynamo_thunderagent.bench.calibration import (
-    DEFAULT_TIMING,
+from dynamo_thunderagent.bench.calibration import fit as trace_fit
+from dynamo_thunderagent.bench.calibration import mocker as cal
+from dynamo_thunderagent.bench.calibration import npz
+from dynamo_thunderagent.bench.calibration.mocker import (
     NPZ_KEYS,
     REFERENCE_PROFILES,
-    REGIMES,
-    GpuTiming,
     ScaledTiming,
     StackGeometry,
 )
+from dynamo_thunderagent.bench.calibration.timing import DEFAULT_TIMING, GpuTiming
+from dynamo_thunderagent.bench.regimes import REGIMES
+from dynamo_thunderagent.bench.workload import DEFAULT_TRACE
 
 
 def _strictly_increasing(values: list[float]) -> bool:
@@ -45,7 +46,7 @@ def test_profile_bytes_are_deterministic(tmp_path: Path) -> None:
 
 def test_profile_is_well_formed(tmp_path: Path) -> None:
     files = cal.write_profile(tmp_path, 0.1, 1.0)
-    data = cal.read_npz(files.npz)
+    data = npz.read_npz(files.npz)
     assert set(data) == set(NPZ_KEYS)
     (n_isl,), isl = data["prefill_isl"]
     (n_ttft,), ttft = data["prefill_ttft_ms"]
@@ -68,7 +69,7 @@ def test_profile_is_well_formed(tmp_path: Path) -> None:
 
 
 def test_npy_header_layout(tmp_path: Path) -> None:
-    raw = cal._npy_bytes([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    raw = npz._npy_bytes([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     assert raw[:8] == b"\x93NUMPY\x01\x00"
     header_len = int.from_bytes(raw[8:10], "little")
     assert (10 + header_len) % 64 == 0
@@ -76,13 +77,13 @@ def test_npy_header_layout(tmp_path: Path) -> None:
     assert header.endswith("\n") and "'shape': (2, 3)" in header
     assert len(raw) == 10 + header_len + 6 * 8
     with pytest.raises(ValueError):
-        cal._npy_bytes([[1.0, 2.0], [3.0]])
+        npz._npy_bytes([[1.0, 2.0], [3.0]])
 
 
 def test_numpy_reads_the_npz_when_available(tmp_path: Path) -> None:
     np = pytest.importorskip("numpy")
     files = cal.write_profile(tmp_path, 0.1, 1.0)
-    ours = cal.read_npz(files.npz)
+    ours = npz.read_npz(files.npz)
     with np.load(files.npz) as data:
         assert set(data.files) == set(NPZ_KEYS)
         for key in NPZ_KEYS:
@@ -214,7 +215,7 @@ def test_quantile_regression_recovers_a_line() -> None:
     assert a == pytest.approx(2.0, abs=0.1) and b == pytest.approx(0.5, abs=0.02)
 
 
-@pytest.mark.skipif(not cal.DEFAULT_TRACE.exists(), reason="shared trace not present")
+@pytest.mark.skipif(not DEFAULT_TRACE.exists(), reason="shared trace not present")
 def test_default_timing_is_the_trace_fit() -> None:
     fit = trace_fit.fit_trace()
     assert fit.rows == {"bs1": 205, "bs4": 2831, "bs32": 2752}

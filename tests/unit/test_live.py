@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from dynamo_thunderagent.bench import live, live_report, live_sweep
-from dynamo_thunderagent.bench.driver import RunResult, TurnRecord
 from dynamo_thunderagent.bench.metrics import summarize
+from dynamo_thunderagent.bench.records import RunResult, TurnRecord
 from dynamo_thunderagent.bench.runner import ArmResult
 from dynamo_thunderagent.bench.workload import AgentPlan, TurnPlan
 from dynamo_thunderagent.cli import build_parser

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from dynamo_thunderagent.bench.driver import TurnRecord
 from dynamo_thunderagent.bench.metrics import (
     percentile,
     recomputed_tokens,
     steps_per_min,
     summarize,
 )
+from dynamo_thunderagent.bench.records import TurnRecord
 
 
 def turn(

@@ -21,8 +21,8 @@ from dynamo_thunderagent.bench.sim.kv import SYSTEM_CHAIN, KvPool
 from dynamo_thunderagent.bench.sim.run import (
     Scenario,
     SweepSpec,
-    cheap_recompute_scenario,
     markdown,
+    regime_scenario,
     run_sweep,
     to_json,
 )
@@ -156,7 +156,7 @@ def test_decode_jumps_give_the_same_times_as_pass_by_pass_simulation() -> None:
 
 
 def _small(window_s: float = 90.0) -> Scenario:
-    return replace(cheap_recompute_scenario(), warmup_s=30.0, window_s=window_s)
+    return replace(regime_scenario("cheap-recompute"), warmup_s=30.0, window_s=window_s)
 
 
 def test_same_seed_gives_identical_output() -> None:

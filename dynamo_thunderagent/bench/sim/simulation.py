@@ -9,7 +9,7 @@ every agent ends at its next tool boundary with a session-final (the live driver
 ``release``), and the run goes on until all have ended (or ``drain_limit_s`` passes), so
 that a scheduler's end state can be checked.
 
-Figures (:class:`RunResult`) count turns that *finished* inside the steady window
+Figures (:class:`SimFigures`) count turns that *finished* inside the steady window
 ``[warmup_s, warmup_s + window_s)``, the definitions of ``bench/metrics.py``:
 
 * steps/min: such turns per minute of the window;
@@ -27,11 +27,12 @@ Figures (:class:`RunResult`) count turns that *finished* inside the steady windo
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dynamo_thunderagent.bench.metrics import percentile
+from dynamo_thunderagent.bench.records import TurnRecord
 from dynamo_thunderagent.bench.sim.arms import Arm
 from dynamo_thunderagent.bench.sim.engine import (
     Cluster,
@@ -65,24 +66,13 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
-class TurnRecord:
-    """One finished turn (field names follow ``bench.driver.TurnRecord``)."""
+class SimFigures:
+    """Figures of one (arm, N) run; see the module docstring for definitions.
 
-    session_id: str
-    turn: int
-    start: float
-    end: float
-    released: float
-    worker: int
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    reusable_tokens: int
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """Figures of one (arm, N) run; see the module docstring for definitions."""
+    The simulator's counterpart of ``bench.metrics.ArmMetrics`` (a live run's figures),
+    computed from the same :class:`~dynamo_thunderagent.bench.records.TurnRecord` s, plus the
+    arm's counters. Not a run record: that is ``bench.records.RunResult``.
+    """
 
     arm: str
     agents: int
@@ -114,12 +104,10 @@ class RunResult:
         return data
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (as ``bench.metrics.percentile``); None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+def _admission_wait(record: TurnRecord) -> float:
+    """Sent -> released by the arm (every simulated turn was released before it finished)."""
+    assert record.released is not None
+    return record.released - record.start
 
 
 @dataclass
@@ -186,7 +174,7 @@ class Simulation:
         return request_id in self._dispatched
 
     # ---- the run ----------------------------------------------------------------------
-    def run(self) -> RunResult:
+    def run(self) -> SimFigures:
         """Simulate warm-up, window and drain; return the window's figures."""
         loop = self.loop
         for slot in range(self.config.agents):
@@ -240,10 +228,12 @@ class Simulation:
         now = self.loop.now
         assert request.released_at is not None and request.worker is not None
         self.records.append(TurnRecord(
-            request.session_id, request.turn, request.sent_at, now, request.released_at,
-            request.worker, request.prompt_tokens, request.cached_tokens,
-            request.output_tokens, request.reusable_tokens,
-        ))
+            "turn", agent.slot, request.session_id, request.turn, request.sent_at, now,
+            request.prompt_tokens, request.output_tokens,
+            prompt_tokens=request.prompt_tokens, cached_tokens=request.cached_tokens,
+            completion_tokens=request.output_tokens, released=request.released_at,
+            worker=request.worker, reusable_tokens=request.reusable_tokens,
+        ))  # fmt: skip
         size = self.config.engine.block_size
         agent.context = request.context_tokens
         kept = agent.context if self.config.engine.reuse_output else request.prompt_tokens
@@ -286,15 +276,17 @@ class Simulation:
         self.stopping = True
 
     # ---- figures ----------------------------------------------------------------------
-    def _result(self, drained: bool) -> RunResult:
+    def _result(self, drained: bool) -> SimFigures:
         start, end = self._window_start, self._window_end
         steady = [r for r in self.records if start <= r.end < end]
-        prompt = sum(r.prompt_tokens for r in steady)
-        cached = sum(r.cached_tokens for r in steady)
-        reusable = sum(r.reusable_tokens for r in steady)
-        recomputed = sum(max(0, r.reusable_tokens - r.cached_tokens) for r in steady)
-        latencies = [r.end - r.start for r in steady]
-        waits = [r.released - r.start for r in steady]
+        # Every simulated record is a finished turn with all of its fields set.
+        prompt = sum(r.prompt_tokens or 0 for r in steady)
+        cached = sum(r.cached_tokens or 0 for r in steady)
+        reusable = sum(r.reusable_tokens or 0 for r in steady)
+        recomputed = sum(max(0, (r.reusable_tokens or 0) - (r.cached_tokens or 0))
+                         for r in steady)  # fmt: skip
+        latencies = [r.latency for r in steady]
+        waits = [_admission_wait(r) for r in steady]
         wait_max = max(waits + self._deferred_at_end, default=None)
         before, after = self._snapshots if len(self._snapshots) == 2 else ({}, {})
 
@@ -307,7 +299,7 @@ class Simulation:
         problems += self.arm.problems(drained=drained) if drained else [
             f"{len(self._agents)} agents had not ended {self.config.drain_limit_s:g} s "
             "after the window"]
-        return RunResult(
+        return SimFigures(
             arm=self.arm.name,
             agents=self.config.agents,
             steps_per_min=len(steady) / (self.config.window_s / 60.0),

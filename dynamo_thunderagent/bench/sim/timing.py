@@ -1,14 +1,17 @@
-"""What one engine pass costs: the timing regimes of the simulator.
+"""What one engine pass costs in the simulator, in each timing regime.
 
-Two presets, the two regimes of the benchmark (issue 4): ``cheap-recompute``, the Dynamo
-mocker's default timing, in which re-prefilling an evicted context costs about one loaded
-decode step; and ``calibrated``, costs fitted to a real GPU deployment (the shipped SWE-agent
-trace), in which re-prefilling an agent context costs many decode steps.
+Two models, one per regime of the benchmark (:mod:`dynamo_thunderagent.bench.regimes` picks
+them): ``cheap-recompute``, the Dynamo mocker's default timing as measured here, in which
+re-prefilling an evicted context costs about one loaded decode step; and ``calibrated``, the
+GPU timing model fitted to the shipped SWE-agent trace, in which re-prefilling an agent
+context costs many decode steps.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from dynamo_thunderagent.bench.calibration.timing import DEFAULT_TIMING, GpuTiming
 
 
 @dataclass(frozen=True)
@@ -75,21 +78,12 @@ def cheap_recompute_timing(pool_tokens: int = 1408 * 16) -> TimingModel:
     )
 
 
-def calibrated_timing() -> TimingModel:
+def calibrated_timing(gpu: GpuTiming = DEFAULT_TIMING) -> TimingModel:
     """GPU-like costs: a re-prefill of an agent context costs many decode steps.
 
-    Coefficients come from ``dynamo_thunderagent.bench.calibration`` (a fit of the shipped
-    SWE-agent trace, GLM-4.5-FP8 on vLLM) when that module is importable; otherwise from
-    the same fit's published values, written here.
+    Coefficients of ``gpu``, by default the fit of the shipped SWE-agent trace
+    (GLM-4.5-FP8 on vLLM, :mod:`dynamo_thunderagent.bench.calibration.timing`).
     """
-    try:
-        from dynamo_thunderagent.bench.calibration import DEFAULT_TIMING as gpu
-    except ImportError:  # keep the simulator usable on its own
-        return TimingModel(
-            name="calibrated", prefill_pass_s=0.0, prefill_per_token_s=45.6e-6,
-            decode_base_s=0.0147, decode_per_expert_s=0.000505, n_experts=160,
-            active_experts=8, source="GLM-4.5-FP8 trace fit (built-in copy)",
-        )
     return TimingModel(
         name="calibrated",
         prefill_pass_s=gpu.prefill_pass_ms / 1e3,
@@ -99,5 +93,6 @@ def calibrated_timing() -> TimingModel:
         n_experts=gpu.n_experts,
         active_experts=gpu.active_experts,
         decode_per_kv_token_s=gpu.decode_ms_per_1k_kv / 1e6,
+        # The label is recorded in the simulator's golden outputs; it names the package.
         source="bench.calibration.DEFAULT_TIMING (GLM-4.5-FP8 trace fit)",
     )

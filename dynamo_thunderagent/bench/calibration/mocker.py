@@ -1,17 +1,4 @@
-"""Timing regimes for the Dynamo 1.6.1 mocker: GPU-calibrated and cheap-recompute.
-
-Why this exists
----------------
-With its built-in timing model the mocker prefills a few thousand tokens in tens of
-milliseconds, so an agent whose KV cache was evicted during a tool call pays almost nothing to
-rebuild it: thrash lowers the prefix-cache hit rate but not throughput. On a real deployment an
-agent context of 20-60k tokens takes seconds to prefill, a large multiple of a decode step, and
-thrash halves throughput. The benchmark therefore runs two regimes:
-
-* ``calibrated``: the mocker reads prefill and decode tables (``--planner-profile-data``)
-  generated here from a model fitted to the shipped SWE-agent trace (GLM-4.5-FP8 on vLLM), so a
-  full re-prefill costs what it costs on that deployment, relative to decode;
-* ``cheap-recompute``: the mocker's default timing model, unchanged.
+"""The GPU timing model as the Dynamo 1.6.1 mocker sees it: tables, profile, flags.
 
 How the mocker uses the tables (dynamo 1.6.1, vLLM-style scheduler)
 --------------------------------------------------------------------
@@ -51,26 +38,27 @@ same tables over with ``--extra-engine-args`` (a complete engine config) instead
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.util
-import io
 import json
 import math
-import struct
+import subprocess
 import sys
-import zipfile
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from dynamo_thunderagent.bench.workload import DEFAULT_TRACE
+from dynamo_thunderagent.bench.calibration.npz import write_npz
+from dynamo_thunderagent.bench.calibration.timing import (
+    DEFAULT_TIMING,
+    REAL_MAX_NUM_BATCHED_TOKENS,
+    GpuTiming,
+)
 
 # Profiles shipped with the package (regenerate with ``write_reference_profiles``). Tables in
 # real milliseconds (time_scale * speedup_ratio = 1): run the mocker with --speedup-ratio S and
 # the clock runs at time_scale = 1 / S.
-PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 REFERENCE_PROFILES: dict[str, dict[str, float]] = {
     "glm45-fp8-vllm-tok0.1": {"token_scale": 0.1, "time_scale": 1.0, "speedup_ratio": 1.0},
 }
@@ -91,99 +79,10 @@ NPZ_KEYS = (
 
 # The mocker clamps a decode pass to at least this many table milliseconds.
 MOCKER_DECODE_FLOOR_MS = 1.0
-# Median generated tokens per step in the trace.
-TRACE_MEDIAN_OUTPUT_TOKENS = 77
-# vLLM's usual chunked-prefill budget on the traced deployment, in real tokens.
-REAL_MAX_NUM_BATCHED_TOKENS = 8192
 
 
 # --------------------------------------------------------------------------------------------
-# The GPU timing model
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GpuTiming:
-    """Costs of one engine pass on the reference deployment, in real tokens and milliseconds.
-
-    Prefill: ``prefill_pass_ms + prefill_us_per_token * tokens / 1000`` for a pass that
-    computes ``tokens`` uncached prompt tokens (0 for none). The per-token cost is the
-    marginal cost measured at the trace's contexts (median 20k tokens), so it includes
-    attention to a long prefix. The mocker cannot make a token's cost depend on its position
-    in the context, so one constant stands for all: a full re-prefill of a 20k context costs
-    a little less per token on a GPU, one of 60k a little more.
-
-    Decode step: ``decode_base_ms + decode_ms_per_expert * E(batch) + decode_ms_per_1k_kv *
-    kv / 1000``, where ``E(batch) = n_experts * (1 - (1 - active_experts / n_experts) **
-    batch)`` is the expected number of distinct MoE experts a batch touches (GLM-4.5: 160
-    routed experts, 8 per token). Expert weight reads are what make a decode step slower as
-    the batch grows, saturating once every expert is read. The trace does not resolve a
-    KV-size term (its slope is within noise), so it defaults to 0.
-
-    ``request_overhead_s`` is the per-call time in the trace that no token count explains
-    (the intercept of the fit: API, tokenisation, scheduling). It is not GPU time and does not
-    block other requests, so it is not in the engine tables; a harness may add it client-side.
-    """
-
-    prefill_us_per_token: float = 45.6
-    prefill_pass_ms: float = 0.0
-    decode_base_ms: float = 14.7
-    decode_ms_per_expert: float = 0.505
-    decode_ms_per_1k_kv: float = 0.0
-    n_experts: int = 160
-    active_experts: int = 8
-    request_overhead_s: float = 0.72
-    source: str = "fit of swe-agent-lite-glm45.jsonl (bs1+bs4 rows), see docs/calibration.md"
-
-    def validate(self) -> None:
-        if self.prefill_us_per_token <= 0 or self.prefill_pass_ms < 0:
-            raise ValueError("prefill costs must be > 0 per token and >= 0 per pass")
-        if (
-            self.decode_base_ms <= 0
-            or self.decode_ms_per_expert < 0
-            or self.decode_ms_per_1k_kv < 0
-        ):
-            raise ValueError("decode costs must be > 0 (base) and >= 0 (per expert, per KV)")
-        if not 0 < self.active_experts <= self.n_experts:
-            raise ValueError("need 0 < active_experts <= n_experts")
-
-    def experts_touched(self, batch: float) -> float:
-        """Expected distinct experts a decode batch of ``batch`` sequences reads per layer."""
-        batch = max(1.0, batch)
-        miss = 1.0 - self.active_experts / self.n_experts
-        return float(self.n_experts * (1.0 - math.pow(miss, batch)))
-
-    def prefill_ms(self, tokens: float) -> float:
-        """Real milliseconds of one pass that prefills ``tokens`` uncached tokens."""
-        if tokens <= 0:
-            return 0.0
-        return self.prefill_pass_ms + self.prefill_us_per_token * tokens / 1000.0
-
-    def decode_step_ms(self, batch: float, kv_tokens: float = 0.0) -> float:
-        """Real milliseconds of one decode step of ``batch`` sequences holding ``kv_tokens``."""
-        return (
-            self.decode_base_ms
-            + self.decode_ms_per_expert * self.experts_touched(batch)
-            + self.decode_ms_per_1k_kv * max(0.0, kv_tokens) / 1000.0
-        )
-
-    def full_prefill_s(
-        self, context_tokens: int, chunk_tokens: int = REAL_MAX_NUM_BATCHED_TOKENS
-    ) -> float:
-        """Real seconds to (re)prefill ``context_tokens`` in chunks of ``chunk_tokens``."""
-        if context_tokens <= 0:
-            return 0.0
-        chunks = math.ceil(context_tokens / chunk_tokens)
-        return (
-            chunks * self.prefill_pass_ms + self.prefill_us_per_token * context_tokens / 1000.0
-        ) / 1000.0
-
-
-DEFAULT_TIMING = GpuTiming()
-
-
-# --------------------------------------------------------------------------------------------
-# Profile tables and the NPZ file
+# Profile tables
 # --------------------------------------------------------------------------------------------
 
 
@@ -293,64 +192,6 @@ def _round(value: float) -> float:
     return float(f"{value:.12g}")
 
 
-def _npy_bytes(values: list[float] | list[list[float]]) -> bytes:
-    """A ``.npy`` (format 1.0) image of a 1-D or 2-D little-endian float64 C-order array."""
-    if values and isinstance(values[0], list):
-        rows = [list(map(float, r)) for r in values]
-        shape = f"({len(rows)}, {len(rows[0]) if rows else 0})"
-        if any(len(r) != len(rows[0]) for r in rows):
-            raise ValueError("ragged 2-D array")
-        flat = [v for r in rows for v in r]
-    else:
-        flat = [float(v) for v in values]  # type: ignore[arg-type]
-        shape = f"({len(flat)},)"
-    header = f"{{'descr': '<f8', 'fortran_order': False, 'shape': {shape}, }}"
-    # magic(6) + version(2) + header length(2) + header, padded with spaces so that the data
-    # starts on a 64-byte boundary, newline-terminated.
-    pad = (-(10 + len(header) + 1)) % 64
-    header_bytes = (header + " " * pad + "\n").encode("latin1")
-    return (
-        b"\x93NUMPY\x01\x00"
-        + struct.pack("<H", len(header_bytes))
-        + header_bytes
-        + struct.pack(f"<{len(flat)}d", *flat)
-    )
-
-
-def write_npz(path: Path, arrays: dict[str, list[float] | list[list[float]]]) -> None:
-    """Write ``arrays`` as an uncompressed NPZ, byte-for-byte deterministic."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name in sorted(arrays):
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = 0o644 << 16
-            info.create_system = 3
-            zf.writestr(info, _npy_bytes(arrays[name]))
-    path.write_bytes(buf.getvalue())
-
-
-def read_npz(path: Path) -> dict[str, tuple[tuple[int, ...], list[float]]]:
-    """Read back an NPZ written by :func:`write_npz` (shape, flat values) per key."""
-    out: dict[str, tuple[tuple[int, ...], list[float]]] = {}
-    with zipfile.ZipFile(path) as zf:
-        for name in zf.namelist():
-            raw = zf.read(name)
-            if raw[:8] != b"\x93NUMPY\x01\x00":
-                raise ValueError(f"{name}: not a format-1.0 .npy")
-            (hlen,) = struct.unpack("<H", raw[8:10])
-            header = raw[10 : 10 + hlen].decode("latin1")
-            if "'<f8'" not in header or "'fortran_order': False" not in header:
-                raise ValueError(f"{name}: expected little-endian float64 in C order")
-            shape_text = header.split("'shape': (", 1)[1].split(")", 1)[0]
-            shape = tuple(int(p) for p in shape_text.split(",") if p.strip())
-            count = math.prod(shape)
-            body = raw[10 + hlen :]
-            if len(body) != 8 * count or (10 + hlen) % 64:
-                raise ValueError(f"{name}: bad data length or alignment")
-            out[name.removesuffix(".npy")] = (shape, list(struct.unpack(f"<{count}d", body)))
-    return out
-
-
 # --------------------------------------------------------------------------------------------
 # Writing a profile directory and the mocker arguments
 # --------------------------------------------------------------------------------------------
@@ -430,8 +271,6 @@ def mocker_has_numpy(python: str | None = None) -> bool:
     """
     if python is None or Path(python).resolve() == Path(sys.executable).resolve():
         return importlib.util.find_spec("numpy") is not None
-    import subprocess
-
     probe = subprocess.run(
         [python, "-c", "import numpy"], capture_output=True, timeout=60, check=False
     )
@@ -533,157 +372,3 @@ def calibrated_mocker_args(
     path = Path(out_dir) / ENGINE_JSON
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return ["--extra-engine-args", str(path.resolve())]
-
-
-# --------------------------------------------------------------------------------------------
-# Regimes
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Regime:
-    """A named mocker timing setting the benchmark runs every arm under."""
-
-    name: str
-    summary: str
-    calibrated: bool
-    # (out_dir, token_scale, time_scale, speedup_ratio, geometry) -> extra mocker flags
-    build: Callable[[Path, float, float, float, StackGeometry | None], list[str]] = field(
-        repr=False, compare=False
-    )
-
-    def mocker_args(
-        self,
-        out_dir: Path | str,
-        token_scale: float,
-        time_scale: float,
-        *,
-        speedup_ratio: float = 1.0,
-        geometry: StackGeometry | None = None,
-    ) -> list[str]:
-        return self.build(Path(out_dir), token_scale, time_scale, speedup_ratio, geometry)
-
-
-def _calibrated(
-    out_dir: Path, token_scale: float, time_scale: float, speedup: float, geo: StackGeometry | None
-) -> list[str]:
-    return calibrated_mocker_args(
-        out_dir, token_scale, time_scale, speedup_ratio=speedup, geometry=geo
-    )
-
-
-def _cheap(
-    out_dir: Path, token_scale: float, time_scale: float, speedup: float, geo: StackGeometry | None
-) -> list[str]:
-    return []
-
-
-REGIMES: dict[str, Regime] = {
-    "calibrated": Regime(
-        name="calibrated",
-        summary=(
-            "prefill and decode tables fitted to GLM-4.5-FP8 on vLLM (SWE-agent trace): "
-            f"{DEFAULT_TIMING.prefill_us_per_token:g} us per uncached prompt token, decode step "
-            f"{DEFAULT_TIMING.decode_step_ms(1):.1f} ms at batch 1 and "
-            f"{DEFAULT_TIMING.decode_step_ms(32):.1f} ms at batch 32, scaled by token_scale "
-            "and time_scale; a 40k-token re-prefill costs about 100 decode steps"
-        ),
-        calibrated=True,
-        build=_calibrated,
-    ),
-    "cheap-recompute": Regime(
-        name="cheap-recompute",
-        summary=(
-            "the mocker's built-in timing model, unchanged: re-prefilling a few thousand "
-            "tokens costs about as much as one loaded decode step, so thrash costs hit rate "
-            "but hardly throughput"
-        ),
-        calibrated=False,
-        build=_cheap,
-    ),
-}
-
-
-# --------------------------------------------------------------------------------------------
-# Command line: write a profile, show the fit, or measure both regimes on a live mocker
-# --------------------------------------------------------------------------------------------
-
-
-def _cmd_write(ns: argparse.Namespace) -> int:
-    geometry = None
-    if ns.num_gpu_blocks is not None:
-        geometry = StackGeometry(ns.num_gpu_blocks, ns.block_size, ns.speedup_ratio)
-    args = calibrated_mocker_args(
-        ns.out_dir,
-        ns.token_scale,
-        ns.time_scale,
-        speedup_ratio=ns.speedup_ratio,
-        geometry=geometry,
-        transport=ns.transport,
-    )
-    print(" ".join(args))
-    return 0
-
-
-def _cmd_fit(ns: argparse.Namespace) -> int:
-    from dynamo_thunderagent.bench.trace_fit import fit_trace  # it imports GpuTiming from here
-
-    fit = fit_trace(Path(ns.trace))
-    print(json.dumps({"fit": asdict(fit), "timing": asdict(fit.timing())}, indent=2))
-    return 0
-
-
-def _cmd_verify(ns: argparse.Namespace) -> int:
-    from dynamo_thunderagent.bench.calibration_verify import cmd_verify
-
-    return cmd_verify(ns)
-
-
-def main(argv: Iterable[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m dynamo_thunderagent.bench.calibration", description=__doc__.split("\n")[0]
-    )
-    sub = parser.add_subparsers(dest="cmd", required=True)
-
-    w = sub.add_parser("write", help="write a calibrated profile and print the mocker flags")
-    w.add_argument("out_dir")
-    w.add_argument("--token-scale", type=float, default=0.1)
-    w.add_argument("--time-scale", type=float, default=1.0)
-    w.add_argument("--speedup-ratio", type=float, default=1.0)
-    w.add_argument("--num-gpu-blocks", type=int, default=None)
-    w.add_argument("--block-size", type=int, default=16)
-    w.add_argument("--transport", choices=["auto", "profile", "engine-json"], default="auto")
-    w.set_defaults(func=_cmd_write)
-
-    f = sub.add_parser("fit", help="fit the timing model to the trace and print it")
-    f.add_argument("--trace", default=str(DEFAULT_TRACE))
-    f.set_defaults(func=_cmd_fit)
-
-    v = sub.add_parser("verify", help="measure prefill/decode on a live mocker in each regime")
-    v.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=sorted(REGIMES))
-    v.add_argument("--token-scale", type=float, default=0.1)
-    v.add_argument("--time-scale", type=float, default=0.1)
-    v.add_argument("--speedup-ratio", type=float, default=1.0)
-    v.add_argument("--num-gpu-blocks", type=int, default=1408)
-    v.add_argument("--block-size", type=int, default=16)
-    v.add_argument("--words", type=int, default=1200, help="prompt size (about 3 tokens a word)")
-    v.add_argument("--decode-tokens", type=int, default=16)
-    v.add_argument("--batches", type=int, nargs="*", default=[1, 4])
-    v.add_argument("--batch-words", type=int, default=400, help="prompt size of each decoder")
-    v.add_argument("--repeats", type=int, default=3)
-    v.add_argument(
-        "--turn-output-tokens",
-        type=int,
-        default=None,
-        help="output tokens of one agent turn (default: the trace median x token scale)",
-    )
-    v.add_argument("--work-dir", default="/tmp/dta-calibration")
-    v.add_argument("--json", default=None, help="also write the results here")
-    v.set_defaults(func=_cmd_verify)  # measures a live stack: calibration_verify
-
-    ns = parser.parse_args(list(argv) if argv is not None else None)
-    return int(ns.func(ns))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

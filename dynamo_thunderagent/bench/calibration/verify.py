@@ -11,16 +11,20 @@ import hashlib
 import json
 import math
 import statistics
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from dynamo_thunderagent.bench.calibration import (
+from dynamo_thunderagent.bench.calibration.mocker import ScaledTiming, StackGeometry
+from dynamo_thunderagent.bench.calibration.timing import (
     DEFAULT_TIMING,
-    REGIMES,
     TRACE_MEDIAN_OUTPUT_TOKENS,
-    ScaledTiming,
-    StackGeometry,
 )
+from dynamo_thunderagent.bench.regimes import REGIMES
+from dynamo_thunderagent.stack.launcher import LocalStack
 
 
 def _text_of_tokens(tag: str, words: int) -> str:
@@ -29,10 +33,6 @@ def _text_of_tokens(tag: str, words: int) -> str:
 
 
 def _chat(url: str, model: str, text: str, max_tokens: int) -> tuple[float, dict[str, Any]]:
-    import time
-    import urllib.error
-    import urllib.request
-
     body = {
         "model": model,
         "messages": [{"role": "user", "content": text}],
@@ -82,8 +82,6 @@ def _measure_batch_decode(
     url: str, model: str, batch: int, decode_tokens: int, words: int
 ) -> float:
     """Seconds per decode step with ``batch`` concurrent decoders (prompts cached first)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     texts = [_text_of_tokens(f"batch-{batch}-{i}", words) for i in range(batch)]
     for t in texts:
         _chat(url, model, t, 1)
@@ -112,8 +110,7 @@ def _ratios(m: dict[str, Any], turn_out: int) -> dict[str, Any]:
 
 
 def cmd_verify(ns: argparse.Namespace) -> int:
-    from dynamo_thunderagent.stack.launcher import LocalStack
-
+    """``verify``: both regimes on a one-worker stock stack, printed and optionally saved."""
     results: dict[str, Any] = {
         "token_scale": ns.token_scale,
         "time_scale": ns.time_scale,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dynamo_thunderagent.bench.calibration import GpuTiming
+from dynamo_thunderagent.bench.calibration.timing import GpuTiming
 from dynamo_thunderagent.bench.workload import DEFAULT_TRACE
 
 # --------------------------------------------------------------------------------------------
