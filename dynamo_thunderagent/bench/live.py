@@ -107,7 +107,6 @@ from dynamo_thunderagent.bench.live_report import (
     render_markdown,
 )
 from dynamo_thunderagent.bench.live_sweep import (
-    BUILTIN_LOG_FILTER,
     DEFAULT_ARMS,
     DEFAULT_FACTORS,
     QUICK_ARMS,
@@ -405,7 +404,6 @@ def _one_run(
     say: Callable[[str], None],
 ) -> dict[str, Any]:  # fmt: skip
     setup, sweep = prepared.setup, prepared.sweep
-    extra_env = {"DYN_LOG": BUILTIN_LOG_FILTER} if arm.base == "builtin" else {}
     spec = RunSpec(
         arm=arm.base,
         label=arm.label,
@@ -421,10 +419,10 @@ def _one_run(
         speedup_ratio=setup.speedup_ratio,
         policy=arm.policy,
         mocker_args=prepared.mocker_args,
-        extra_env=extra_env,
+        extra_env=arm.arm.observed_env(),
         job=f"live-{setup.regime}-{config.seed}",
     )
-    observer = Observer(arm.base, (config.warmup_s, config.window_s))
+    observer = Observer(arm.arm, (config.warmup_s, config.window_s))
     result = run_stack(spec, say, observer)
     return make_row(
         key, result, pressure=sweep.pressure_of(key.agents),
