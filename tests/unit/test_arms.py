@@ -17,7 +17,6 @@ from dynamo_thunderagent.stack.arms import (
     HEADLINE_ARMS,
     Arm,
     LaunchContext,
-    StockArm,
     arm_named,
 )
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
@@ -132,14 +131,20 @@ def test_each_arm_reports_only_the_figures_it_can_measure() -> None:
     assert arm_named("ours").figures(_Seen({}))["state_error"] == "no /state"
 
 
-def test_a_new_arm_is_one_subclass(tmp_path: Path) -> None:
-    class RoundRobinArm(StockArm):
+def test_a_new_arm_is_one_subclass_in_the_registry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class RoundRobinArm(Arm):  # the example of docs/architecture.md, "Adding an arm"
         name = "round-robin"
 
         def frontend_args(self, ctx: LaunchContext) -> list[str]:
             return ["--router-mode", "round-robin"]
 
-    arm: Arm = RoundRobinArm()
-    stack = _stack(tmp_path, "stock")
-    assert arm.frontend_args(stack.launch) == ["--router-mode", "round-robin"]
-    assert arm.router(stack.launch) is None and arm.figures(_Seen({})) == {}
+    assert isinstance(ARMS, dict)
+    monkeypatch.setitem(ARMS, RoundRobinArm.name, RoundRobinArm())  # as if listed in ARMS
+    stack = _stack(tmp_path, "round-robin")
+    assert stack._frontend_argv()[-2:] == ["--router-mode", "round-robin"]
+    assert stack.arm.router(stack.launch) is None and stack.state_url is None
+    assert stack.arm.readiness(stack.launch) == [] and stack.arm.figures(_Seen({})) == {}
+    with pytest.raises(ValueError, match="only applies to arms 'builtin' and 'ours'"):
+        StackConfig(arm="round-robin", policy=tmp_path / "p.yaml").validate()
