@@ -70,7 +70,6 @@ class LaunchContext:
     block_size: int
     num_workers: int
     run_dir: Path
-    http_port: int
     topology: Topology
     policy: Path | None = None  # the router-policy YAML the stack was given
     router_args: Sequence[str] = ()

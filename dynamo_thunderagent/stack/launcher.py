@@ -81,7 +81,7 @@ class LocalStack:
         self.launch = LaunchContext(
             python=base.python, model_name=base.model_name, model_path=self.model_path,
             block_size=base.block_size, num_workers=base.num_workers, run_dir=self.run_dir,
-            http_port=self.http_port, topology=self.arm.topology, policy=base.policy,
+            topology=self.arm.topology, policy=base.policy,
             router_args=tuple(base.router_args),
             router_cmd=None if base.router_cmd is None else tuple(base.router_cmd),
             state_port=self.state_port,
