@@ -447,8 +447,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--regime", choices=[*REGIME_NAMES, "all"], default="calibrated",
       help="timing regime (default calibrated; all = both)")
     a("--arms", default=None,
-      help="comma-separated arms in order: stock, builtin, dynamo-python, ours, or "
-           "ours:<label>=<policy.yaml> (default: all four; --quick: stock,ours)")
+      help=f"comma-separated arms in order: {', '.join(DEFAULT_ARMS)}, or "
+           f"ours:<label>=<policy.yaml> (default: all of them; --quick: {','.join(QUICK_ARMS)})")
     a("--arm-policy", action="append", default=[], metavar="LABEL=PATH",
       help="add an ablation arm ours:LABEL running our router with PATH (repeatable)")
     a("--policy", type=Path, default=None,
