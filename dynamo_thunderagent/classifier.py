@@ -25,9 +25,10 @@ from pydantic import BaseModel
 
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.config import EmptyParameters, ThunderAgentParameters
-from dynamo_thunderagent.costs import EngineCosts
-from dynamo_thunderagent.program import RequestState, WorkerKey
-from dynamo_thunderagent.scheduler import Decisions, Reject, Release, Scheduler
+from dynamo_thunderagent.costs import TurnTiming
+from dynamo_thunderagent.decisions import Decisions, Reject, Release
+from dynamo_thunderagent.program import NO_PREFIX, PrefixBlocks, RequestState, WorkerKey
+from dynamo_thunderagent.scheduler import Scheduler
 
 log = structlog.get_logger("dynamo_thunderagent")
 
@@ -42,11 +43,12 @@ class ClassifyRequest:
     session_id: str | None
     input_tokens: int
     session_final: bool = False
+    # The parent's session id when a subagent sends one (X-Dynamo-Parent-Session-ID):
+    # for custom classifiers; the ThunderAgent scheduler does not use it.
     parent_session_id: str | None = None
-    # Hashes of the prompt's leading KV blocks (``prefix_block_tokens`` tokens each),
-    # filled in only for classifiers whose ``prefix_blocks_wanted`` is non-zero.
-    prefix_blocks: tuple[int, ...] = ()
-    prefix_block_tokens: int = 0
+    # The prompt's leading KV blocks, filled in only for classifiers whose
+    # ``prefix_blocks_wanted`` is non-zero.
+    prefix: PrefixBlocks = NO_PREFIX
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,8 @@ class RequestClassifier(ABC):
         """Seconds between ``tick`` calls; None if this classifier needs none."""
         return None
 
-    def observe_costs(self, prefill_seconds_per_token: float, decode_seconds: float) -> None:
-        """The engine's measured prefill cost per uncached token and a turn's decode time."""
+    def observe_turn(self, timing: TurnTiming) -> None:
+        """A completed turn's engine timings (its uncached prefill and its decode)."""
 
     @property
     def prefix_blocks_wanted(self) -> int:
@@ -176,8 +178,7 @@ class ThunderAgentClassifier(RequestClassifier):
         arrived = self.clock()
         decisions = self.scheduler.submit(
             request.request_id, request.session_id, request.input_tokens, arrived,
-            session_final=request.session_final, parent_session_id=request.parent_session_id,
-            prefix_blocks=request.prefix_blocks, prefix_block_tokens=request.prefix_block_tokens,
+            session_final=request.session_final, prefix=request.prefix,
         )
         outcome = decisions.outcome(request.request_id)
         # This call's own outcome is answered here, never through a waiter: a rejected
@@ -193,7 +194,7 @@ class ThunderAgentClassifier(RequestClassifier):
                 outcome = await waiter
             except asyncio.CancelledError:
                 self._waiters.pop(request.request_id, None)
-                self._apply(self.scheduler.cancel(request.request_id, self.clock()))
+                self._apply(self.scheduler.aborted(request.request_id, self.clock()))
                 raise
         if isinstance(outcome, Reject):
             raise AdmissionRejected(outcome.request_id, outcome.reason)
@@ -215,8 +216,8 @@ class ThunderAgentClassifier(RequestClassifier):
             decisions = self.scheduler.aborted(event.request_id, now)
         self._apply(decisions)
 
-    def observe_costs(self, prefill_seconds_per_token: float, decode_seconds: float) -> None:
-        self.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token, decode_seconds))
+    def observe_turn(self, timing: TurnTiming) -> None:
+        self.scheduler.observe_turn(timing)
 
     def update_workers(
         self, live_worker_ids: Iterable[int], cards: Mapping[WorkerKey, CapacityCard]
@@ -267,6 +268,6 @@ class ThunderAgentClassifier(RequestClassifier):
         for session_id in decisions.forced:
             log.warning("program.force_released", session_id=session_id)
         for session_id in decisions.removed:
-            log.info("program.released", session_id=session_id)
+            log.info("program.removed", session_id=session_id)
         for session_id in decisions.expired:
             log.info("program.expired", session_id=session_id)

@@ -154,6 +154,11 @@ class ThunderAgentParameters(_Strict):
     (parity: an idle program stays charged until ``session_retention_seconds``)."""
     idle_horizon_min_seconds: float = Field(0.5, ge=0.0, le=DAY)
     """Lower bound of every idle horizon (used while there is no evidence at all)."""
+    pause_rule: Literal["parity", "upstream"] = "parity"
+    """Which pause rule relieves pressure (dynamo_thunderagent.pressure): the paper's
+    (parity), or the upstream ThunderAgent proxy's, which marks every REASONING program
+    of a rank once no ACTING one is left (kept for comparison; the simulator's upstream
+    arm uses it)."""
     pause_min_recompute_ratio: float | None = Field(None, ge=0.0, le=1000.0)
     """Pause only when pausing pays: a program is paused (or held back for lack of room)
     only if re-prefilling its context would cost at least this fraction of a turn's

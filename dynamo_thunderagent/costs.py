@@ -1,4 +1,4 @@
-"""What recompute costs on the engine, measured from its own timings.
+"""What recompute costs on the engine, and whether a pause pays for it (the cost seam).
 
 "Pause only when pausing pays" needs two figures: how long the engine takes to
 prefill one uncached token, and how long a turn's decode takes (first token to
@@ -6,17 +6,30 @@ last: the work a turn is for). Both are smoothed over completed requests, so one
 slow request does not flip decisions. Decode time, not the whole turn, is the
 yardstick: thrash lengthens whole turns, which would make recompute look cheaper
 exactly when it is hurting most.
+
+The shells (the router, the simulator) hand each completed turn's timings over as
+one :class:`TurnTiming`; the scheduler's :class:`CostModel` measures and decides.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 
 @dataclass(frozen=True)
 class EngineCosts:
     prefill_seconds_per_token: float
     decode_seconds: float
+
+
+@dataclass(frozen=True)
+class TurnTiming:
+    """One completed turn as the engine timed it (None: not reported)."""
+
+    uncached_tokens: int | None  # prompt tokens the engine had to prefill
+    prefill_seconds: float | None  # queue exit to first token
+    decode_seconds: float | None  # first token to last
 
 
 @dataclass
@@ -33,15 +46,15 @@ class CostMeter:
     decode_seconds: float | None = None
     _decode_ewma: float | None = None
 
-    def observe(self, uncached_tokens: int | None, prefill_seconds: float | None,
-                decode_seconds: float | None) -> EngineCosts | None:
+    def observe(self, timing: TurnTiming) -> EngineCosts | None:
         """Fold in one completed request; the current estimate once both are known."""
-        if (prefill_seconds is not None and uncached_tokens is not None
-                and uncached_tokens >= self.min_uncached_tokens):
+        if (timing.prefill_seconds is not None and timing.uncached_tokens is not None
+                and timing.uncached_tokens >= self.min_uncached_tokens):
             self.prefill_seconds_per_token = _ewma(
-                self.prefill_seconds_per_token, prefill_seconds / uncached_tokens, self.alpha)
-        if decode_seconds is not None:
-            self._decode_ewma = _ewma(self._decode_ewma, decode_seconds, self.alpha)
+                self.prefill_seconds_per_token,
+                timing.prefill_seconds / timing.uncached_tokens, self.alpha)
+        if timing.decode_seconds is not None:
+            self._decode_ewma = _ewma(self._decode_ewma, timing.decode_seconds, self.alpha)
             # The yardstick is the least the smoothed decode time has been: thrash
             # slows decode too (prefill chunks share its passes), and a yardstick
             # that grew with thrash would call recompute cheap when it hurts most.
@@ -54,3 +67,76 @@ class CostMeter:
 
 def _ewma(current: float | None, sample: float, alpha: float) -> float:
     return sample if current is None else (1 - alpha) * current + alpha * sample
+
+
+class CostModel(Protocol):
+    """Would pausing (or holding back) a program of ``tokens`` save more than it costs?"""
+
+    def observe(self, timing: TurnTiming) -> None:
+        """Learn from one completed turn."""
+
+    def set_costs(self, costs: EngineCosts) -> None:
+        """Take these engine costs as measured (replaces the estimate)."""
+
+    def pause_pays(self, tokens: int) -> bool: ...
+
+    def describe(self) -> dict[str, float | None]: ...
+
+
+@dataclass
+class PauseAlwaysPays:
+    """Parity: every pause pays (the paper's rule; recompute is never weighed)."""
+
+    meter: CostMeter = field(default_factory=CostMeter)
+
+    def observe(self, timing: TurnTiming) -> None:
+        self.meter.observe(timing)  # measured anyway, for the state endpoint
+
+    def set_costs(self, costs: EngineCosts) -> None:
+        pass
+
+    def pause_pays(self, tokens: int) -> bool:
+        return True
+
+    def describe(self) -> dict[str, float | None]:
+        return {"prefill_seconds_per_token": self.meter.prefill_seconds_per_token,
+                "decode_seconds": self.meter.decode_seconds}
+
+
+@dataclass
+class MeasuredRecompute:
+    """A pause pays when re-prefilling the program costs at least ``ratio`` of a turn's
+    decode time, both measured. Until the engine's costs are measured nothing is known
+    to pay, so admission stays open like plain KV routing (a pause made on a guess costs
+    a wait that stock routing never imposes)."""
+
+    ratio: float
+    meter: CostMeter = field(default_factory=CostMeter)
+    costs: EngineCosts | None = None
+
+    def observe(self, timing: TurnTiming) -> None:
+        costs = self.meter.observe(timing)
+        if costs is not None:
+            self.costs = costs
+
+    def set_costs(self, costs: EngineCosts) -> None:
+        self.costs = costs
+
+    def pause_pays(self, tokens: int) -> bool:
+        if self.costs is None:
+            return False
+        recompute = tokens * self.costs.prefill_seconds_per_token
+        return recompute >= self.ratio * self.costs.decode_seconds
+
+    def describe(self) -> dict[str, float | None]:
+        return {"prefill_seconds_per_token": None if self.costs is None
+                else self.costs.prefill_seconds_per_token,
+                "decode_seconds": None if self.costs is None else self.costs.decode_seconds,
+                "pause_min_recompute_ratio": self.ratio}
+
+
+def cost_model(pause_min_recompute_ratio: float | None) -> CostModel:
+    """The cost seam for a policy: parity unless a recompute ratio is set."""
+    if pause_min_recompute_ratio is None:
+        return PauseAlwaysPays()
+    return MeasuredRecompute(pause_min_recompute_ratio)

@@ -47,22 +47,42 @@ class RequestState(enum.Enum):
     RELEASED = "released"  # admitted; routed or about to be
 
 
+@dataclass(frozen=True, slots=True)
+class PrefixBlocks:
+    """Hashes of a prompt's leading KV blocks, ``block_tokens`` tokens each.
+
+    Only shared-prefix accounting reads them: on a worker/rank, blocks that several
+    programs hold (a common system prompt) are counted once. Equal hashes mean equal
+    prefixes; the values themselves mean nothing.
+    """
+
+    hashes: tuple[int, ...] = ()
+    block_tokens: int = 0
+
+    def limited(self, max_blocks: int) -> PrefixBlocks:
+        """The first ``max_blocks`` hashes (or none at all without a block size)."""
+        if self.block_tokens <= 0:
+            return NO_PREFIX
+        if len(self.hashes) <= max_blocks:
+            return self
+        return PrefixBlocks(self.hashes[:max_blocks], self.block_tokens)
+
+
+NO_PREFIX = PrefixBlocks()
+
+
 @dataclass(slots=True)
 class Program:
     """One agent run. Fields that enter usage change only through ProgramTable."""
 
     session_id: str
     seq: int  # creation order: the stable tie-break between equal programs
-    created_at: float
     phase: Phase = Phase.ACTING
     lifecycle: Lifecycle = Lifecycle.ACTIVE
     worker: WorkerKey | None = None
     tokens: int = 0
-    # Hashes of the leading KV blocks of the program's last prompt, when shared-prefix
-    # accounting is on: on a worker/rank these blocks are counted once across all its
-    # programs (a shared system prompt), instead of once per program.
-    prefix_blocks: tuple[int, ...] = ()
-    prefix_block_tokens: int = 0
+    # The leading KV blocks of the program's last prompt (shared-prefix accounting only).
+    prefix: PrefixBlocks = NO_PREFIX
     steps: int = 0
     marked_for_pause: bool = False
     acting_since: float | None = None
@@ -72,7 +92,6 @@ class Program:
     # (0: it has not come back after a turn yet); see dynamo_thunderagent.idle.
     max_gap: float = 0.0
     gone_counted: bool = False  # its first idle was counted as "did not come back"
-    parent_session_id: str | None = None
     # The turn on the GPU or waiting for admission (at most one per session),
     # then the session's later turns in arrival order.
     current: str | None = None
@@ -98,15 +117,12 @@ class TrackedRequest:
     request_id: str
     session_id: str
     input_tokens: int
-    arrived_at: float
     state: RequestState
     created_program: bool  # this request created its program (rolled back if it never runs)
-    prefix_blocks: tuple[int, ...] = ()  # leading block hashes (shared-prefix accounting)
-    prefix_block_tokens: int = 0
-    released_to: WorkerKey | None = None
+    prefix: PrefixBlocks = NO_PREFIX
+    # When it was released (the shell ends one that nobody forwards; see
+    # RequestClassifier.admitted).
     released_at: float | None = None
-    sent_to: WorkerKey | None = None
-    responding: bool = False
     # The program as it was before this turn started, restored if the turn aborts: an
     # aborted turn put nothing new in the cache, so it must not leave its prompt size,
     # a move made at release or a reset tool clock behind.
@@ -118,5 +134,4 @@ class ProgramSnapshot:
     tokens: int
     worker: WorkerKey | None
     acting_since: float | None
-    prefix_blocks: tuple[int, ...]
-    prefix_block_tokens: int
+    prefix: PrefixBlocks

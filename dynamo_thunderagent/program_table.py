@@ -47,15 +47,9 @@ class ProgramTable:
         self._usage: dict[WorkerKey, float] = {}
 
     # ---- programs -------------------------------------------------------------
-    def create(self, session_id: str, now: float, parent_session_id: str | None) -> Program:
+    def create(self, session_id: str, now: float) -> Program:
         self._seq += 1
-        program = Program(
-            session_id=session_id,
-            seq=self._seq,
-            created_at=now,
-            last_active=now,
-            parent_session_id=parent_session_id,
-        )
+        program = Program(session_id=session_id, seq=self._seq, last_active=now)
         self.programs[session_id] = program
         self._attach(program)
         return program
@@ -80,7 +74,7 @@ class ProgramTable:
         if program.worker is None:
             return
         ledger = self._ledger.setdefault(program.worker, _RankLedger())
-        blocks = len(program.prefix_blocks)
+        blocks = len(program.prefix.hashes)
         if program.phase is Phase.REASONING:
             ledger.reasoning_tokens += program.tokens
             ledger.reasoning_prefix_blocks += blocks
@@ -88,9 +82,9 @@ class ProgramTable:
             ledger.acting_tokens += program.tokens
             ledger.acting_prefix_blocks += blocks
         ledger.programs += 1
-        if program.prefix_blocks:
-            ledger.prefix_counts.update(program.prefix_blocks)
-            ledger.prefix_block_tokens = program.prefix_block_tokens
+        if program.prefix.hashes:
+            ledger.prefix_counts.update(program.prefix.hashes)
+            ledger.prefix_block_tokens = program.prefix.block_tokens
         self._members.setdefault(program.worker, {})[program.session_id] = program
         self._refresh(program.worker, ledger)
 
@@ -101,7 +95,7 @@ class ProgramTable:
         if program.worker is None:
             return
         ledger = self._ledger[program.worker]
-        blocks = len(program.prefix_blocks)
+        blocks = len(program.prefix.hashes)
         if program.phase is Phase.REASONING:
             ledger.reasoning_tokens -= program.tokens
             ledger.reasoning_prefix_blocks -= blocks
@@ -109,9 +103,9 @@ class ProgramTable:
             ledger.acting_tokens -= program.tokens
             ledger.acting_prefix_blocks -= blocks
         ledger.programs -= 1
-        if program.prefix_blocks:
-            ledger.prefix_counts.subtract(program.prefix_blocks)
-            for block in program.prefix_blocks:
+        if program.prefix.hashes:
+            ledger.prefix_counts.subtract(program.prefix.hashes)
+            for block in program.prefix.hashes:
                 if ledger.prefix_counts[block] <= 0:
                     del ledger.prefix_counts[block]
         members = self._members[program.worker]
@@ -174,7 +168,7 @@ class ProgramTable:
         for program in self._members[worker].values():
             weight = model.weight(program, now)
             usage += weight * program.tokens + model.buffer_per_program
-            weighted_blocks += weight * len(program.prefix_blocks)
+            weighted_blocks += weight * len(program.prefix.hashes)
         return usage - self._shared_credit(ledger, weighted_blocks)
 
     def members(self, worker: WorkerKey) -> list[Program]:

@@ -5,6 +5,14 @@ Pure and deterministic: every method takes ``now`` and returns
 Q on W, ...). Nothing here sleeps, awaits or logs; the asyncio shell
 (:mod:`dynamo_thunderagent.classifier`) applies the decisions.
 
+The rules behind each decision live in three seams chosen once from the
+parameters: the cost model (:mod:`~dynamo_thunderagent.costs`: does a pause
+pay?), the pause rule (:mod:`~dynamo_thunderagent.pressure`: who gives way) and
+the resume planner (:mod:`~dynamo_thunderagent.resume`: who comes back, and
+where programs run). This module applies their plans and owns every state
+change. It is longer than most (about 480 lines) because admission, the four
+lifecycle events and the tick are one algorithm that reads best top to bottom.
+
 Invariants the property tests check after every step:
 
 * every program is in exactly one (phase, lifecycle) state and every tracked
@@ -18,16 +26,17 @@ Invariants the property tests check after every step:
 
 from __future__ import annotations
 
-import heapq
-from dataclasses import dataclass, field
-
 from dynamo_thunderagent.capacity import Capacity, CapacityCard, UsageModel
 from dynamo_thunderagent.config import ThunderAgentParameters
-from dynamo_thunderagent.costs import EngineCosts
+from dynamo_thunderagent.costs import EngineCosts, TurnTiming, cost_model
+from dynamo_thunderagent.decisions import Decisions, Reject, Release
 from dynamo_thunderagent.idle import IdlePrograms
+from dynamo_thunderagent.pressure import pause_rule
 from dynamo_thunderagent.program import (
+    NO_PREFIX,
     Lifecycle,
     Phase,
+    PrefixBlocks,
     Program,
     ProgramSnapshot,
     RequestState,
@@ -35,63 +44,10 @@ from dynamo_thunderagent.program import (
     WorkerKey,
 )
 from dynamo_thunderagent.program_table import ProgramTable
+from dynamo_thunderagent.resume import ResumePlanner
+from dynamo_thunderagent.snapshot import snapshot
 
-
-@dataclass(frozen=True)
-class Release:
-    """Admit ``request_id``; route it to ``worker`` (None: any eligible worker).
-
-    ``session_final`` releases carry no turn: the shell answers them without
-    touching a worker.
-    """
-
-    request_id: str
-    worker: WorkerKey | None
-    session_final: bool = False
-
-
-@dataclass(frozen=True)
-class Reject:
-    request_id: str
-    reason: str
-
-
-@dataclass
-class Decisions:
-    """What one call decided, in order; the shell applies and logs them."""
-
-    released: list[Release] = field(default_factory=list)
-    rejected: list[Reject] = field(default_factory=list)
-    created: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-    expired: list[str] = field(default_factory=list)
-    paused: list[str] = field(default_factory=list)
-    marked: list[str] = field(default_factory=list)
-    resumed: list[tuple[str, WorkerKey | None]] = field(default_factory=list)
-    forced: list[str] = field(default_factory=list)
-    unassigned: list[str] = field(default_factory=list)
-
-    def outcome(self, request_id: str) -> Release | Reject | None:
-        """This request's release or rejection, or None if it was deferred."""
-        for release in self.released:
-            if release.request_id == request_id:
-                return release
-        for reject in self.rejected:
-            if reject.request_id == request_id:
-                return reject
-        return None
-
-    @property
-    def changed(self) -> bool:
-        return any(
-            (self.released, self.rejected, self.created, self.removed, self.expired,
-             self.paused, self.marked, self.resumed, self.forced, self.unassigned)
-        )
-
-
-# Resume order classes: a turn is waiting on a known program, then programs
-# that never ran (nothing cached yet), then paused tool-callers.
-_WAITING_TURN, _NEW, _ACTING = 0, 1, 2
+__all__ = ["Decisions", "Reject", "Release", "Scheduler"]
 
 
 class Scheduler:
@@ -106,7 +62,11 @@ class Scheduler:
         )
         self.table = ProgramTable(self.usage_model)
         self.capacity = Capacity()
-        self.costs: EngineCosts | None = None
+        # The three seams, chosen once from the parameters (parity by default):
+        # what recompute costs, who gives way under pressure, who comes back and where.
+        self.costs = cost_model(params.pause_min_recompute_ratio)
+        self.pause_rule = pause_rule(params, self.usage_model, self.costs)
+        self.planner = ResumePlanner(params, self.costs)
         self.counters = {"pauses": 0, "idle_pauses": 0, "resumes": 0, "forced_resumes": 0,
                          "moves": 0, "expired": 0, "evicted": 0, "rejected": 0}
         # PAUSED programs whose turn waits for room: the only programs that hold a new
@@ -139,26 +99,13 @@ class Scheduler:
             self._room_appeared(now, d)
         return d
 
-    def observe_costs(self, costs: EngineCosts | None) -> None:
-        """The latest measured prefill cost per token and turn service time."""
-        self.costs = costs
+    def observe_turn(self, timing: TurnTiming) -> None:
+        """A completed turn's engine timings (what the cost model measures)."""
+        self.costs.observe(timing)
 
-    def pause_pays(self, tokens: int) -> bool:
-        """Would pausing a program of ``tokens`` save more than it costs?
-
-        Parity (``pause_min_recompute_ratio`` unset): yes. Otherwise re-prefilling
-        the program must take at least that fraction of a turn's decode time; below
-        it, a pause only idles the agent. Until the engine's costs are measured
-        nothing is known to pay, so admission stays open like plain KV routing (a
-        pause made on a guess costs a wait that stock routing never imposes).
-        """
-        ratio = self.params.pause_min_recompute_ratio
-        if ratio is None:
-            return True
-        if self.costs is None:
-            return False
-        recompute = tokens * self.costs.prefill_seconds_per_token
-        return recompute >= ratio * self.costs.decode_seconds
+    def observe_costs(self, costs: EngineCosts) -> None:
+        """Take these engine costs as measured (tests, and shells that measure them)."""
+        self.costs.set_costs(costs)
 
     # ---- admission -------------------------------------------------------------
     def submit(
@@ -169,14 +116,11 @@ class Scheduler:
         now: float,
         *,
         session_final: bool = False,
-        parent_session_id: str | None = None,
-        prefix_blocks: tuple[int, ...] = (),
-        prefix_block_tokens: int = 0,
+        prefix: PrefixBlocks = NO_PREFIX,
     ) -> Decisions:
         """Admit, defer or reject one turn (or the session-final request) of a session.
 
-        ``prefix_blocks`` are hashes of the prompt's leading KV blocks of
-        ``prefix_block_tokens`` tokens each; they matter only with
+        ``prefix``: the prompt's leading KV blocks; read only with
         ``shared_prefix_accounting``.
         """
         d = Decisions()
@@ -204,7 +148,7 @@ class Scheduler:
             if program.final_request is not None:
                 return self._reject(d, request_id, f"session {session_id!r} is already ending")
             table.requests[request_id] = TrackedRequest(
-                request_id, session_id, 0, now, RequestState.QUEUED, created_program=False)
+                request_id, session_id, 0, RequestState.QUEUED, created_program=False)
             program.final_request = request_id
             self._advance(program, now, d)
             self._room_appeared(now, d)
@@ -215,7 +159,7 @@ class Scheduler:
                 return self._reject(d, request_id, f"the scheduler already retains {limit} "
                                     f"active programs (max_tracked_requests={limit}); "
                                     "end finished sessions with X-Dynamo-Session-Final")
-            program = table.create(session_id, now, parent_session_id)
+            program = table.create(session_id, now)
             created = True
             d.created.append(session_id)
         elif program.final_request is not None:
@@ -231,12 +175,10 @@ class Scheduler:
                                     "one at a time")
             if not program.busy:
                 self.idle.returned(program, now)
-        request = TrackedRequest(request_id, session_id, input_tokens, now,
-                                 RequestState.QUEUED, created_program=created)
-        if self.params.shared_prefix_accounting and prefix_block_tokens > 0:
-            limit_blocks = self.params.shared_prefix_max_blocks
-            request.prefix_blocks = tuple(prefix_blocks[:limit_blocks])
-            request.prefix_block_tokens = prefix_block_tokens
+        request = TrackedRequest(request_id, session_id, input_tokens, RequestState.QUEUED,
+                                 created_program=created)
+        if self.params.shared_prefix_accounting:
+            request.prefix = prefix.limited(self.params.shared_prefix_max_blocks)
         table.requests[request_id] = request
         if program.current is None:
             self._start_turn(program, request, now, d)
@@ -252,13 +194,12 @@ class Scheduler:
         program.last_active = now
         request.state = RequestState.DEFERRED
         request.prior = ProgramSnapshot(program.tokens, program.worker, program.acting_since,
-                                        program.prefix_blocks, program.prefix_block_tokens)
+                                        program.prefix)
         with self.table.changing(program):
             program.phase = Phase.REASONING
             program.tokens = request.input_tokens
             program.acting_since = None
-            program.prefix_blocks = request.prefix_blocks
-            program.prefix_block_tokens = request.prefix_block_tokens
+            program.prefix = request.prefix
         if program.lifecycle is Lifecycle.PAUSED:
             if program.deferred_since is None:
                 program.deferred_since = now
@@ -271,7 +212,7 @@ class Scheduler:
         if not self.capacity.known:
             self._release(program, request, None, now, d)  # cold start: no capacity data
             return
-        pays = self.pause_pays(program.tokens)
+        pays = self.costs.pause_pays(program.tokens)
         if program.is_new and self._deferred and pays:
             self._pause(program, now, d)  # no queue jumping past programs waiting for room
             program.deferred_since = now
@@ -280,39 +221,18 @@ class Scheduler:
         # its threshold goes to an empty rank rather than waiting for one that never comes.
         need = min(program.tokens + self.params.buffer_per_program,
                    self.capacity.largest * self.params.pause_threshold)
-        target = self._least_used_with_room(need if pays else None)
+        target = self.planner.place(self.table, self.capacity, need if pays else None)
         if target is None and self._reclaim_dormant(now, d, need):
-            target = self._least_used_with_room(need)
+            target = self.planner.place(self.table, self.capacity, need)
         if target is None:
             self._pause(program, now, d)
             program.deferred_since = now
             return
         self._release(program, request, target, now, d)
 
-    def _least_used_with_room(self, need: float | None) -> WorkerKey | None:
-        """The least-used rank where ``need`` fits under the threshold (None: any rank)."""
-        # Runs on every new program's admission over every rank: keep it a
-        # tight loop over precomputed usage (ranks are visited in key order,
-        # so the strict < keeps the lowest worker/rank on equal usage).
-        best: WorkerKey | None = None
-        best_key = (float("inf"), float("inf"))
-        threshold = self.params.pause_threshold
-        usage_of = self.table.usage_by_rank.get
-        busy_of = self.table.reasoning_tokens if self.params.placement == "least_busy" else None
-        for worker, capacity in self.capacity.known.items():
-            usage = usage_of(worker, 0.0)
-            if need is None or usage + need <= capacity * threshold:
-                # least_busy: of the ranks with room, the one with the fewest prompt tokens
-                # being served now (it starts the new turn soonest), then the least used.
-                key = (busy_of(worker) / capacity if busy_of else 0.0, usage / capacity)
-                if key < best_key:
-                    best, best_key = worker, key
-        return best
-
     def _release(self, program: Program, request: TrackedRequest, worker: WorkerKey | None,
                  now: float, d: Decisions) -> None:
         request.state = RequestState.RELEASED
-        request.released_to = worker
         request.released_at = now
         program.deferred_since = None
         if program.active_since is None:
@@ -357,7 +277,8 @@ class Scheduler:
         while (program := self.idle.pop_dormant()) is not None:
             self._pause(program, now, d, idle=True)
             paused = True
-            if need is not None and self._least_used_with_room(need) is not None:
+            if need is not None and self.planner.place(self.table, self.capacity,
+                                                       need) is not None:
                 break
         return paused
 
@@ -373,7 +294,6 @@ class Scheduler:
         request = self.table.requests.get(request_id)
         if request is None or request.state is not RequestState.RELEASED:
             return d  # unknown, finished or never admitted: nothing to learn
-        request.sent_to = worker
         program = self.table.programs[request.session_id]
         if program.current == request_id and program.worker != worker:
             self._move(program, worker)
@@ -382,7 +302,6 @@ class Scheduler:
     def responding(self, request_id: str, now: float) -> Decisions:
         request = self.table.requests.get(request_id)
         if request is not None and request.state is RequestState.RELEASED:
-            request.responding = True
             self.table.programs[request.session_id].last_active = now
         return Decisions()
 
@@ -435,8 +354,7 @@ class Scheduler:
             program.acting_since = now
             if prior is not None:  # the aborted turn left nothing in the cache
                 program.tokens = prior.tokens
-                program.prefix_blocks = prior.prefix_blocks
-                program.prefix_block_tokens = prior.prefix_block_tokens
+                program.prefix = prior.prefix
                 if prior.acting_since is not None:
                     program.acting_since = prior.acting_since
                 if prior.worker is not None and self.capacity.is_live(prior.worker):
@@ -446,8 +364,6 @@ class Scheduler:
         self._advance(program, now, d)
         self._room_appeared(now, d)
         return d
-
-    cancel = aborted  # a cancelled deferral is an abort before release
 
     def _advance(self, program: Program, now: float, d: Decisions) -> None:
         """Start the session's next turn, end it if only session-final is left, or else
@@ -501,15 +417,10 @@ class Scheduler:
                 self._release(program, request, worker, now, d)
 
     def resume_waiting(self, now: float, d: Decisions | None = None) -> Decisions:
-        """Resume paused programs into the room below the resume level.
+        """Resume paused programs into the room below the resume level (the planner's
+        plan, see :mod:`dynamo_thunderagent.resume`).
 
-        Callable from the tick and from events (a completion or an abort frees
-        room). Candidates are ordered by class (waiting turn, new, ACTING),
-        then smallest first; the chosen set is packed largest-first onto the
-        rank with most room, so a program may move to another worker. With
-        ``resume_affinity`` a program goes back to its last rank when that rank
-        has room. With ``max_wait_seconds`` a turn deferred that long comes
-        first, and while it does not fit nothing behind it is resumed.
+        Callable from the tick and from events (a completion or an abort frees room).
         """
         d = d if d is not None else Decisions()
         if self.params.idle_horizon_factor is None:
@@ -521,69 +432,9 @@ class Scheduler:
                 self._reclaim_dormant(now, d)
         if not paused:
             return d
-        known = self.capacity.known
-        if not known:
-            if self.capacity.any_live:  # capacity unknown: behave as at cold start
-                for program in sorted(paused, key=lambda p: self._resume_order(p, now)):
-                    if program.current is not None:
-                        self._resume(program, None, now, d)
-            return d
-        level = self.params.pause_threshold - self.params.resume_hysteresis
-        buffer = self.params.buffer_per_program
-        room = {w: cap * level - self.table.decayed_usage(w, now) for w, cap in known.items()}
-        free = sum(max(0.0, r) for r in room.values())
-        # A program larger than any rank's resume level (it still fits the capacity, or
-        # admission would have refused it) needs a whole empty rank, not more than that:
-        # without the cap it would wait for resume_timeout and hold every new program back.
-        largest = self.capacity.largest * level
-        chosen = []
-        for program in sorted(paused, key=lambda p: self._resume_order(p, now)):
-            need = min(program.tokens + buffer, largest)
-            if not self.pause_pays(program.tokens):
-                chosen.append(program)  # holding it back saves nothing: resume it anyway
-                free -= need
-            elif need <= free:
-                chosen.append(program)
-                free -= need
-            elif self._aged(program, now):
-                break  # reserve the room that is left for the longest waiter
-        # Most room first; ties to the lower worker/rank. A heap keeps each
-        # placement O(log ranks) at fleet scale; entries whose room changed are
-        # stale and skipped.
-        heap = [(-r, w) for w, r in room.items()]
-        heapq.heapify(heap)
-        for program in sorted(chosen, key=lambda p: (-p.tokens, p.seq)):
-            need = min(program.tokens + buffer, largest)
-            home = program.worker
-            if (self.params.resume_affinity and home is not None and home in room
-                    and room[home] >= need):
-                worker = home
-            else:
-                while -heap[0][0] != room[heap[0][1]]:
-                    heapq.heappop(heap)
-                worker = heap[0][1]
-                if room[worker] < need and self.pause_pays(program.tokens):
-                    continue
-            room[worker] -= need
-            heapq.heappush(heap, (-room[worker], worker))
-            self._resume(program, worker, now, d)
+        for resumption in self.planner.plan(paused, self.table, self.capacity, now):
+            self._resume(resumption.program, resumption.worker, now, d)
         return d
-
-    def _aged(self, program: Program, now: float) -> bool:
-        limit = self.params.max_wait_seconds
-        return (limit is not None and program.deferred_since is not None
-                and now - program.deferred_since >= limit)
-
-    def _resume_order(self, program: Program, now: float) -> tuple[int, float, int]:
-        if self._aged(program, now):
-            return (-1, program.deferred_since or 0.0, program.seq)  # oldest waiter first
-        if program.is_new:
-            klass = _NEW
-        elif program.phase is Phase.REASONING and program.current is not None:
-            klass = _WAITING_TURN
-        else:
-            klass = _ACTING
-        return (klass, program.tokens, program.seq)
 
     # ---- the tick --------------------------------------------------------------
     def tick(self, now: float) -> Decisions:
@@ -623,107 +474,28 @@ class Scheduler:
             if p.deferred_since is not None and now - p.deferred_since >= timeout
         ]
         for program in sorted(overdue, key=lambda p: (p.deferred_since or 0.0, p.seq)):
-            known = self.capacity.known
-            worker = None
-            if known:
-                worker = max(known, key=lambda w: (
-                    known[w] - self.table.decayed_usage(w, now), _neg(w)))
+            worker = self.planner.most_room(self.table, self.capacity, now)
             self.counters["forced_resumes"] += 1
             d.forced.append(program.session_id)
             self._resume(program, worker, now, d)
 
     def _relieve_pressure(self, now: float, d: Decisions) -> None:
-        """Pause ACTING programs of each over-threshold rank, then mark REASONING ones.
-
-        Parity: plain usage, smallest ACTING programs first. ``pressure_decay``
-        measures with the same decayed usage as the resume side; ``pause_order:
-        longest_idle`` pauses the programs whose tool has run longest first;
-        ``min_residency_seconds`` spares programs that only just became ACTIVE.
-        """
-        decay = self.params.pressure_decay
-        model = self.usage_model
-
-        def charge(program: Program) -> float:
-            return model.decayed_charge(program, now) if decay else model.charge(program)
-
-        if self.params.pause_order == "longest_idle":
-            def victim_order(p: Program) -> tuple[float, int, int]:
-                return (p.acting_since if p.acting_since is not None else now, p.tokens, p.seq)
-        else:
-            def victim_order(p: Program) -> tuple[float, int, int]:
-                return (0.0, p.tokens, p.seq)
-
-        residency = self.params.min_residency_seconds
+        """Dormant programs give way first; then the pause rule pauses ACTING programs of
+        each over-threshold rank and marks REASONING ones (see
+        :mod:`dynamo_thunderagent.pressure`)."""
         threshold = self.params.pause_threshold
         if self.idle.dormant and any(self.table.usage(w) > c * threshold
-                                 for w, c in self.capacity.known.items()):
-            self._reclaim_dormant(now, d)  # idle programs give way first
-        for worker, capacity in self.capacity.known.items():
-            usage = (self.table.decayed_usage(worker, now) if decay
-                     else self.table.usage(worker))
-            if usage <= capacity * self.params.pause_threshold:
-                continue
-            target = capacity * self.params.pause_target
-            members = self.table.members(worker)
-            usage -= sum(charge(p) for p in members if p.marked_for_pause)
-            acting = sorted(
-                (p for p in members if p.phase is Phase.ACTING
-                 and not (residency and p.active_since is not None
-                          and now - p.active_since < residency)
-                 and self.pause_pays(p.tokens)),
-                key=victim_order,
-            )
-            for program in acting:
-                if usage <= target:
-                    break
-                usage -= charge(program)
-                self._pause(program, now, d)
-            reasoning = sorted(
-                (p for p in members if p.phase is Phase.REASONING and not p.marked_for_pause
-                 and self.pause_pays(p.tokens)),
-                key=lambda p: (p.tokens, p.seq),
-            )
-            for program in reasoning:
-                if usage <= target:
-                    break
-                usage -= charge(program)
-                program.marked_for_pause = True
-                d.marked.append(program.session_id)
+                                     for w, c in self.capacity.known.items()):
+            self._reclaim_dormant(now, d)
+        plan = self.pause_rule.plan(self.table, self.capacity, now)
+        for program in plan.pause:
+            self._pause(program, now, d)
+        for program in plan.mark:
+            program.marked_for_pause = True
+            d.marked.append(program.session_id)
 
     # ---- introspection ---------------------------------------------------------
     def snapshot(self, now: float) -> dict[str, object]:
         """Plain-data view of the state, for the router's /state and for tests."""
-        ranks = {}
-        for worker in sorted(set(self.capacity.known) | set(self.table.assigned_workers())):
-            ranks[str(worker)] = {
-                "capacity_tokens": self.capacity.known.get(worker),
-                "usage_tokens": self.table.usage(worker),
-                "decayed_usage_tokens": self.table.decayed_usage(worker, now),
-                "programs": len(self.table.members(worker)),
-            }
-        programs = {
-            p.session_id: {
-                "phase": p.phase.value, "lifecycle": p.lifecycle.value,
-                "worker": None if p.worker is None else str(p.worker), "tokens": p.tokens,
-                "steps": p.steps, "marked_for_pause": p.marked_for_pause,
-                "in_flight": p.current, "waiting": len(p.waiting),
-                "pauses": p.pauses, "resumes": p.resumes, "moves": p.moves,
-            }
-            for p in self.table.programs.values()
-        }
-        return {
-            "programs": programs,
-            "tracked_requests": len(self.table.requests),
-            "paused": len(self.table.paused()),
-            "waiting_for_room": len(self._deferred),
-            "dormant": len(self.idle.dormant),
-            "return_evidence": self.idle.evidence.as_dict(),
-            "ranks": ranks,
-            "live_workers": sorted(self.capacity.live_worker_ids),
-            "counters": dict(self.counters),
-        }
-
-
-def _neg(worker: WorkerKey) -> tuple[int, int]:
-    """Sort key that prefers the lower worker/rank when used inside ``max``."""
-    return (-worker.worker_id, -worker.dp_rank)
+        return snapshot(self.table, self.capacity, self.idle, self.counters, self.costs,
+                        len(self._deferred), now)

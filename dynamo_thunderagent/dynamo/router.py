@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
@@ -36,7 +33,8 @@ from dynamo_thunderagent.classifier import (
     RequestEvent,
     Sent,
 )
-from dynamo_thunderagent.costs import CostMeter
+from dynamo_thunderagent.costs import TurnTiming
+from dynamo_thunderagent.dynamo.stats import RouterStats
 from dynamo_thunderagent.dynamo.translate import (
     BadSessionHeader,
     StreamTracker,
@@ -47,13 +45,12 @@ from dynamo_thunderagent.dynamo.translate import (
     session_final_response,
     worker_loads,
 )
+from dynamo_thunderagent.dynamo.waiting import until_stopped
 from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.selector import NoEligibleWorker, WorkerSelector
 
 log = structlog.get_logger("dynamo_thunderagent.router")
 
-# Bounded per-request samples kept for the state endpoint (benchmarks read them).
-SAMPLE_LIMIT = 20_000
 # A worker that failed a request before its first chunk is treated as gone for this
 # long. Discovery keeps a killed worker listed until its lease expires (about 10 s
 # with file discovery); without this, sticky programs would keep failing on it and
@@ -97,37 +94,6 @@ class CardSource(Protocol):
     def get_model_cards(self) -> dict[str, str]: ...
 
 
-@dataclass
-class RouterStats:
-    requests: int = 0
-    passthrough: int = 0
-    session_final: int = 0
-    completed: int = 0
-    aborted: int = 0
-    rejected: int = 0
-    errors: int = 0
-    orphans: int = 0
-    cancelled: int = 0  # clients that left while their request waited for admission
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    admission_wait_s: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLE_LIMIT))
-
-    def as_dict(self) -> dict[str, Any]:
-        waits = sorted(self.admission_wait_s)
-        def pct(q: float) -> float | None:
-            return waits[min(len(waits) - 1, int(q * len(waits)))] if waits else None
-        return {
-            "requests": self.requests, "passthrough": self.passthrough,
-            "session_final": self.session_final, "completed": self.completed,
-            "aborted": self.aborted, "rejected": self.rejected, "errors": self.errors,
-            "orphans": self.orphans, "cancelled": self.cancelled,
-            "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
-            "hit_rate": (self.cached_tokens / self.prompt_tokens) if self.prompt_tokens else None,
-            "admission_wait_p50_s": pct(0.5), "admission_wait_p99_s": pct(0.99),
-            "admission_wait_max_s": waits[-1] if waits else None,
-        }
-
-
 class ThunderAgentRouter:
     """Applies classifier and selector decisions to a Dynamo KV router."""
 
@@ -152,7 +118,6 @@ class ThunderAgentRouter:
         self.refresh_interval = refresh_interval
         self.clock = clock
         self.stats = RouterStats()
-        self.costs = CostMeter()
         # Tracked (session) requests being forwarded, by id: what reap_orphans checks
         # against. Requests without a session are only counted: their ids are not the
         # scheduler's business and may even repeat a tracked one's.
@@ -190,7 +155,7 @@ class ThunderAgentRouter:
                 self.stats.cancelled += 1
 
         try:
-            admission = await _until_stopped(self.classifier.classify(classify_input), context,
+            admission = await until_stopped(self.classifier.classify(classify_input), context,
                                              orphaned)
         except asyncio.CancelledError:  # the handler itself was cancelled while it waited
             if not ended:
@@ -266,13 +231,10 @@ class ThunderAgentRouter:
                 self.stats.prompt_tokens += tracker.usage_prompt_tokens or tracker.prompt_tokens
                 self.stats.cached_tokens += tracker.cached_tokens
             if isinstance(tracker.terminal, Completed):
-                costs = self.costs.observe(
+                self.classifier.observe_turn(TurnTiming(
                     tracker.uncached_tokens,
                     None if tracker.prefill_ms is None else tracker.prefill_ms / 1e3,
-                    _decode_seconds(tracker))
-                if costs is not None:
-                    self.classifier.observe_costs(costs.prefill_seconds_per_token,
-                                                  costs.decode_seconds)
+                    _decode_seconds(tracker)))
 
     async def _forward(
         self, request: dict[str, Any], admission: Admission
@@ -385,8 +347,6 @@ class ThunderAgentRouter:
             "live_workers": sorted(self._live),
             "unreachable_workers": sorted(self._unreachable),
             "block_size": self.block_size,
-            "costs": {"prefill_seconds_per_token": self.costs.prefill_seconds_per_token,
-                      "decode_seconds": self.costs.decode_seconds},
         }
 
 
@@ -402,76 +362,3 @@ def _request_id(context: Any) -> str:
         with contextlib.suppress(Exception):
             return str(context.id())
     return uuid.uuid4().hex
-
-
-async def _until_stopped(awaitable: Any, context: Any,
-                         orphaned: Callable[[Admission], None]) -> Admission | None:
-    """Await admission, but give up (cancelling it; None) if the client goes away.
-
-    Whenever this gives up, an admission that was granted anyway (it completed in
-    the same loop step) is handed to ``orphaned``, so that it is ended rather than
-    left admitted with nobody to forward it.
-    """
-    stopped = None
-    if context is not None:
-        with contextlib.suppress(Exception):
-            stopped = context.async_killed_or_stopped()
-    admission = asyncio.ensure_future(awaitable)
-    if stopped is None:
-        try:
-            return await asyncio.shield(admission)
-        except asyncio.CancelledError:
-            _give_up(admission, orphaned)
-            raise
-    stop_watch = asyncio.ensure_future(stopped)
-    try:
-        done, _ = await asyncio.wait({admission, stop_watch}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        stop_watch.cancel()
-        _give_up(admission, orphaned)
-        raise
-    if admission in done:
-        stop_watch.cancel()
-        return admission.result()
-    _give_up(admission, orphaned)
-    # Let the cancelled admission finish its clean-up. asyncio.wait does not raise for
-    # the admission's own outcome, while a cancellation of this handler still propagates.
-    await asyncio.wait({admission})
-    return None
-
-
-def _give_up(admission: asyncio.Future[Admission], orphaned: Callable[[Admission], None]) -> None:
-    """Cancel a pending admission; hand a granted one to ``orphaned``."""
-    if not admission.done():
-        admission.cancel()
-    elif not admission.cancelled() and admission.exception() is None:
-        orphaned(admission.result())
-
-
-async def serve_state(router: ThunderAgentRouter, host: str, port: int) -> asyncio.AbstractServer:
-    """A tiny loopback HTTP server: GET /state (JSON) and GET /health."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request_line = await asyncio.wait_for(reader.readline(), 5)
-            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
-                pass
-            parts = request_line.decode("latin-1").split()
-            path = parts[1] if len(parts) > 1 else "/"
-            if path.startswith("/state"):
-                status, body = "200 OK", json.dumps(router.state()).encode()
-            elif path.startswith("/health"):
-                status, body = "200 OK", b'{"status": "ok"}'
-            else:
-                status, body = "404 Not Found", b'{"error": "try /state or /health"}'
-            writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
-            )
-            await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    return await asyncio.start_server(handle, host, port)

@@ -101,7 +101,8 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     )
     from dynamo.runtime import DistributedRuntime
 
-    from dynamo_thunderagent.dynamo.router import ThunderAgentRouter, serve_state
+    from dynamo_thunderagent.dynamo.router import ThunderAgentRouter
+    from dynamo_thunderagent.dynamo.stats import serve_state
 
     loop = asyncio.get_running_loop()
     runtime = DistributedRuntime(
@@ -124,7 +125,7 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     router.start()
     state_server = None
     if args.state_port:
-        state_server = await serve_state(router, args.state_host, args.state_port)
+        state_server = await serve_state(router.state, args.state_host, args.state_port)
 
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -30,7 +30,7 @@ from dynamo_thunderagent.classifier import (
     Responding,
     Sent,
 )
-from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.program import NO_PREFIX, PrefixBlocks, WorkerKey
 from dynamo_thunderagent.selector import WorkerLoad
 
 
@@ -40,8 +40,8 @@ def _truthy(value: Any) -> bool:
     return bool(value)
 
 
-def prefix_block_hashes(token_ids: Sequence[int], block_tokens: int,
-                        max_blocks: int) -> tuple[int, ...]:
+def hash_prefix_blocks(token_ids: Sequence[int], block_tokens: int,
+                       max_blocks: int) -> PrefixBlocks:
     """Chained hashes of the first ``max_blocks`` full blocks of ``token_ids``.
 
     Each hash covers the whole prefix up to the end of its block, so two
@@ -55,7 +55,7 @@ def prefix_block_hashes(token_ids: Sequence[int], block_tokens: int,
                        block_tokens):
         previous = hash((previous, tuple(token_ids[start:start + block_tokens])))
         hashes.append(previous)
-    return tuple(hashes)
+    return PrefixBlocks(tuple(hashes), block_tokens)
 
 
 def classify_request(request: Mapping[str, Any], request_id: str, *, block_tokens: int = 0,
@@ -63,7 +63,7 @@ def classify_request(request: Mapping[str, Any], request_id: str, *, block_token
     """What the classifier needs from a tokenized request.
 
     With ``prefix_blocks`` > 0 the leading block hashes are included (see
-    :func:`prefix_block_hashes`).
+    :func:`hash_prefix_blocks`).
     """
     context = request.get("agent_context") or {}
     session_id = context.get("session_id")
@@ -79,9 +79,9 @@ def classify_request(request: Mapping[str, Any], request_id: str, *, block_token
         input_tokens=len(token_ids),
         session_final=_truthy(context.get("session_final", False)),
         parent_session_id=parent,
-        prefix_blocks=(prefix_block_hashes(token_ids, block_tokens, prefix_blocks)
-                       if prefix_blocks and block_tokens > 0 and session_id is not None else ()),
-        prefix_block_tokens=block_tokens if prefix_blocks else 0,
+        prefix=(hash_prefix_blocks(token_ids, block_tokens, prefix_blocks)
+                if prefix_blocks and block_tokens > 0 and session_id is not None
+                else NO_PREFIX),
     )
 
 

@@ -36,13 +36,19 @@ def _cases() -> dict[str, list[str]]:
         "cheap": ["--regime", "cheap-recompute"],
     }
     for regime, flags in regimes.items():
-        cases[f"{regime}-parity"] = [*flags, "--arms", ALL_ARMS]
+        # Every arm, ours with the shipped default policy; then ours with each policy file.
+        cases[f"{regime}-arms"] = [*flags, "--arms", ALL_ARMS]
+        cases[f"{regime}-parity"] = [
+            *flags, "--arms", "ours", "--policy", str(POLICIES / "thunderagent.yaml")]
         cases[f"{regime}-extended"] = [
             *flags, "--arms", "ours", "--policy", str(POLICIES / "thunderagent-extended.yaml")]
         for ablation in sorted((POLICIES / "ablations").glob("*.yaml")):
             cases[f"{regime}-{ablation.stem}"] = [
                 *flags, "--arms", "ours", "--policy", str(ablation)]
-    cases["trace-parity"] = ["--regime", "calibrated", "--workload", "trace", "--arms", ALL_ARMS]
+    trace = ["--regime", "calibrated", "--workload", "trace"]
+    cases["trace-arms"] = [*trace, "--arms", ALL_ARMS]
+    cases["trace-parity"] = [*trace, "--arms", "ours", "--policy",
+                             str(POLICIES / "thunderagent.yaml")]
     return cases
 
 

@@ -7,7 +7,7 @@ behaviour and the changed one side by side.
 from __future__ import annotations
 
 from dynamo_thunderagent.capacity import CapacityCard
-from dynamo_thunderagent.program import Lifecycle, WorkerKey
+from dynamo_thunderagent.program import Lifecycle, PrefixBlocks, WorkerKey
 from dynamo_thunderagent.scheduler import Release
 
 from .conftest import W0, W1, make
@@ -91,8 +91,8 @@ def test_shared_prefix_is_counted_once_per_rank() -> None:
         system = prefix(50)  # 800 tokens in 16-token blocks, common to both agents
         for i, name in enumerate(("a", "b")):
             rid = f"r{i}"
-            d = h.scheduler.submit(rid, name, 1_000, h.now, prefix_blocks=(*system, i),
-                                   prefix_block_tokens=16)
+            d = h.scheduler.submit(rid, name, 1_000, h.now,
+                                   prefix=PrefixBlocks((*system, i), 16))
             assert isinstance(d.outcome(rid), Release)
             h.complete(rid, 1_000)
         usage = h.scheduler.table.usage(W0)
@@ -220,18 +220,18 @@ def test_until_costs_are_measured_admission_stays_open_like_plain_routing() -> N
 
 
 def test_cost_meter_smooths_and_ignores_small_prefills() -> None:
-    from dynamo_thunderagent.costs import CostMeter
+    from dynamo_thunderagent.costs import CostMeter, TurnTiming
 
     meter = CostMeter(alpha=0.5, min_uncached_tokens=100)
-    assert meter.observe(50, 0.5, 1.0) is None  # too few tokens for a prefill sample
-    costs = meter.observe(1_000, 0.1, 2.0)
+    assert meter.observe(TurnTiming(50, 0.5, 1.0)) is None  # too few tokens for a prefill
+    costs = meter.observe(TurnTiming(1_000, 0.1, 2.0))
     assert costs is not None and costs.prefill_seconds_per_token == 1e-4
     assert costs.decode_seconds == 1.0  # the least the smoothed decode time has been
-    costs = meter.observe(1_000, 0.3, 10.0)  # decode slowed by thrash: yardstick stays
+    costs = meter.observe(TurnTiming(1_000, 0.3, 10.0))  # decode slowed by thrash: yardstick stays
     assert costs is not None and abs(costs.prefill_seconds_per_token - 2e-4) < 1e-12
     assert costs.decode_seconds == 1.0
     for _ in range(4):  # 5.75 -> 2.9 -> 1.5 -> 0.8 -> 0.45: below the old low
-        meter.observe(None, None, 0.1)
+        meter.observe(TurnTiming(None, None, 0.1))
     assert meter.decode_seconds is not None and meter.decode_seconds < 1.0  # and falls
 
 

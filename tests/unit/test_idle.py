@@ -128,7 +128,7 @@ def test_pressure_pauses_dormant_programs_before_agents_in_a_tool_call() -> None
 
 def test_one_turn_programs_are_not_expected_back_when_recent_ones_never_returned() -> None:
     evidence = ReturnEvidence()
-    program = Program("p", seq=1, created_at=0.0, steps=1)
+    program = Program("p", seq=1, steps=1)
     evidence.observe_gap(2.0)  # one program once came back after 2 s
     assert idle_horizon(program, evidence, factor=3.0, minimum=0.0, maximum=100.0) == 6.0
     for _ in range(MIN_EVIDENCE * 2):

@@ -39,7 +39,14 @@ from dynamo_thunderagent.classifier import (
     ThunderAgentClassifier,
 )
 from dynamo_thunderagent.config import ThunderAgentParameters
-from dynamo_thunderagent.program import Lifecycle, Phase, Program, RequestState, WorkerKey
+from dynamo_thunderagent.program import (
+    Lifecycle,
+    Phase,
+    PrefixBlocks,
+    Program,
+    RequestState,
+    WorkerKey,
+)
 from dynamo_thunderagent.program_table import ProgramTable
 from dynamo_thunderagent.scheduler import Decisions, Scheduler
 from dynamo_thunderagent.selector import ThunderAgentSelector, WorkerLoad
@@ -166,7 +173,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         # its own session, as far as its length allows.
         blocks = (1, 2, 3, hash(session))[: tokens // PREFIX_BLOCK_TOKENS]
         d = self.scheduler.submit(rid, session, tokens, self.now, session_final=final,
-                                  prefix_blocks=blocks, prefix_block_tokens=PREFIX_BLOCK_TOKENS)
+                                  prefix=PrefixBlocks(blocks, PREFIX_BLOCK_TOKENS))
         self.absorb(d, submitted=rid)
         return rid
 
@@ -248,15 +255,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert rid not in self.table.requests
 
     @precondition(lambda self: self.pending)
-    @rule(data=st.data(), how=st.sampled_from(["cancel", "abort"]))
-    def give_up_waiting(self, data: st.DataObject, how: str) -> None:
+    @rule(data=st.data())
+    def give_up_waiting(self, data: st.DataObject) -> None:
         """The client stops waiting for a deferred/queued request (disconnect, timeout)."""
         rid = self.pick(data, self.pending)
         self.pending.pop(rid)
         self.deferred_at.pop(rid, None)
         self.outcome[rid] = "cancelled"
-        call = self.scheduler.cancel if how == "cancel" else self.scheduler.aborted
-        self.absorb(call(rid, self.now))
+        self.absorb(self.scheduler.aborted(rid, self.now))
         assert rid not in self.table.requests
 
     @precondition(lambda self: self.released)
@@ -295,7 +301,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         elif kind == "aborted":
             d = self.scheduler.aborted(rid, self.now)
         else:
-            d = self.scheduler.cancel(rid, self.now)
+            d = self.scheduler.aborted(rid, self.now)
         assert not d.changed
         assert self.scheduler.snapshot(self.now) == before
 
@@ -351,7 +357,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                     self.pending.pop(rid)
                     self.deferred_at.pop(rid, None)
                     self.outcome[rid] = "cancelled"
-                    self.absorb(self.scheduler.cancel(rid, self.now))
+                    self.absorb(self.scheduler.aborted(rid, self.now))
             for rid in sorted(self.released):
                 sub = self.released.pop(rid)
                 self.outcome[rid] = "completed"
@@ -465,9 +471,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         for program in self.table.programs.values():
             if program.lifecycle is Lifecycle.ACTIVE and program.worker is not None:
                 recount[program.worker] = recount.get(program.worker, 0.0) + model.charge(program)
-                distinct.setdefault(program.worker, set()).update(program.prefix_blocks)
+                distinct.setdefault(program.worker, set()).update(program.prefix.hashes)
                 held.setdefault(program.worker, []).append(
-                    (model.weight(program), len(program.prefix_blocks)))
+                    (model.weight(program), len(program.prefix.hashes)))
         for rank, blocks in distinct.items():
             # A prefix block held by k programs is credited k - 1 times, at the average
             # weight of the blocks held there.
@@ -602,9 +608,9 @@ def test_decayed_charge_of_acting_program_never_exceeds_charge_and_only_shrinks(
 ) -> None:
     model = UsageModel(acting_token_weight=weight, acting_decay_tau_seconds=tau,
                        buffer_per_program=buffer)
-    acting = Program("a", seq=1, created_at=0.0, phase=Phase.ACTING, tokens=tokens,
+    acting = Program("a", seq=1, phase=Phase.ACTING, tokens=tokens,
                      acting_since=0.0)
-    reasoning = Program("b", seq=2, created_at=0.0, phase=Phase.REASONING, tokens=tokens)
+    reasoning = Program("b", seq=2, phase=Phase.REASONING, tokens=tokens)
     now = model.decayed_charge(acting, idle)
     assert buffer - TOLERANCE <= now <= model.charge(acting) * (1 + TOLERANCE)
     assert model.decayed_charge(acting, idle + later) <= now * (1 + TOLERANCE)

@@ -177,7 +177,7 @@ def test_resume_picks_waiting_turn_then_new_then_acting_each_smallest_first(
     _rw_small, _ = h.turn("wait-small", 600)
     _rn_big, _ = h.turn("new-big", 500)
     _rn_small, _ = h.turn("new-small", 400)
-    order = sorted(h.scheduler.table.paused(), key=lambda p: h.scheduler._resume_order(p, h.now))
+    order = sorted(h.scheduler.table.paused(), key=lambda p: h.scheduler.planner.order(p, h.now))
     assert [p.session_id for p in order] == [
         "wait-small", "wait-big", "new-small", "new-big", "act-small", "act-big"]
     # Room for exactly the first three (600 + 700 + 400 = 1,700) at 0.85 x 2,000.
@@ -307,7 +307,7 @@ def test_cancelled_deferral_rolls_back_a_new_program(h: Harness) -> None:
     h.acting_on("a", W0, 900)
     rid, d = h.turn("b", 500)
     assert d.outcome(rid) is None
-    h.scheduler.cancel(rid, h.now)
+    h.scheduler.aborted(rid, h.now)
     assert "b" not in h.scheduler.table.programs
     assert not h.scheduler.table.any_paused
 

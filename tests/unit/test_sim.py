@@ -14,7 +14,6 @@ from dynamo_thunderagent import cli
 from dynamo_thunderagent.bench.sim.arms import (
     UPSTREAM_PARAMETERS,
     ProgramArm,
-    UpstreamScheduler,
     build_arm,
 )
 from dynamo_thunderagent.bench.sim.engine import EngineConfig, EventLoop, SimRequest, Worker
@@ -211,8 +210,9 @@ def test_upstream_marks_every_reasoning_program_once_no_acting_one_is_left() -> 
         scheduler.set_workers(frozenset({0}), {WorkerKey(0): CapacityCard(1000, 1)})
         return sorted(scheduler.tick(1.0).marked)  # usage 3 x (400 + 100) = 1500
 
-    assert overloaded(UpstreamScheduler(UPSTREAM_PARAMETERS)) == ["s0", "s1", "s2"]
-    assert overloaded(Scheduler(UPSTREAM_PARAMETERS)) == ["s0"]  # ours stops at the target
+    assert overloaded(Scheduler(UPSTREAM_PARAMETERS)) == ["s0", "s1", "s2"]
+    parity_rule = UPSTREAM_PARAMETERS.model_copy(update={"pause_rule": "parity"})
+    assert overloaded(Scheduler(parity_rule)) == ["s0"]  # ours stops at the target
 
 
 # ---- command line ---------------------------------------------------------------------------

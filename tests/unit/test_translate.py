@@ -16,14 +16,14 @@ from dynamo_thunderagent.dynamo.translate import (
     classify_request,
     engine_error,
     for_frontend,
+    hash_prefix_blocks,
     pin_request,
-    prefix_block_hashes,
     served_by,
     session_final_response,
     with_serving_worker,
     worker_loads,
 )
-from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.program import NO_PREFIX, WorkerKey
 from dynamo_thunderagent.selector import WorkerLoad
 
 
@@ -137,24 +137,24 @@ def test_request_without_token_ids_has_zero_input_tokens() -> None:
 
 def test_classify_request_adds_prefix_hashes_only_when_asked_and_only_for_sessions() -> None:
     req = request({"session_id": "s"}, tokens=40)
-    assert classify_request(req, "r").prefix_blocks == ()
+    assert classify_request(req, "r").prefix == NO_PREFIX
     wanted = classify_request(req, "r", block_tokens=16, prefix_blocks=8)
-    assert wanted.prefix_blocks == prefix_block_hashes(req["token_ids"], 16, 8)
-    assert len(wanted.prefix_blocks) == 2 and wanted.prefix_block_tokens == 16
+    assert wanted.prefix == hash_prefix_blocks(req["token_ids"], 16, 8)
+    assert len(wanted.prefix.hashes) == 2 and wanted.prefix.block_tokens == 16
     anonymous = classify_request(request(None, tokens=40), "r", block_tokens=16,
                                  prefix_blocks=8)
-    assert anonymous.prefix_blocks == ()
+    assert anonymous.prefix == NO_PREFIX
 
 
 def test_prefix_hashes_are_equal_exactly_while_prompts_share_a_prefix() -> None:
     shared = list(range(32))
-    a = prefix_block_hashes([*shared, *range(100, 116)], 16, 8)
-    b = prefix_block_hashes([*shared, *range(200, 216)], 16, 8)
+    a = hash_prefix_blocks([*shared, *range(100, 116)], 16, 8).hashes
+    b = hash_prefix_blocks([*shared, *range(200, 216)], 16, 8).hashes
     assert len(a) == len(b) == 3
     assert a[:2] == b[:2] and a[2] != b[2]
     # Only full blocks count, and at most max_blocks of them.
-    assert prefix_block_hashes(list(range(31)), 16, 8) == a[:1]
-    assert prefix_block_hashes(list(range(64)), 16, 2) == a[:2]
+    assert hash_prefix_blocks(list(range(31)), 16, 8).hashes == a[:1]
+    assert hash_prefix_blocks(list(range(64)), 16, 2).hashes == a[:2]
 
 
 # ---- pinning and response shaping ------------------------------------------------------------

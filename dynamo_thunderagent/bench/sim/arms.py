@@ -16,8 +16,8 @@ simulated clock.
 * ``ttl-pinning``: KV routing plus Continuum-style pinning of a program's cache for a TTL
   after each turn, no gate.
 * ``upstream``: the upstream ThunderAgent proxy's rules, expressed as our scheduler with the
-  parameter values its rules amount to, plus its one rule that differs (see
-  :class:`UpstreamScheduler`).
+  parameter values its rules amount to, and its pause rule, the one that differs (see
+  :class:`~dynamo_thunderagent.pressure.UpstreamPauseRule`).
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ from dynamo_thunderagent.config import (
     ThunderAgentParameters,
     parse_policy,
 )
-from dynamo_thunderagent.costs import CostMeter
+from dynamo_thunderagent.costs import TurnTiming
+from dynamo_thunderagent.decisions import Decisions
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY
-from dynamo_thunderagent.program import Lifecycle, Phase, RequestState, WorkerKey
-from dynamo_thunderagent.scheduler import Decisions, Scheduler
+from dynamo_thunderagent.program import Lifecycle, Phase, PrefixBlocks, RequestState, WorkerKey
+from dynamo_thunderagent.scheduler import Scheduler
 from dynamo_thunderagent.selector import ThunderAgentSelector, WorkerLoad, WorkerSelector
 
 ARM_NAMES = ("ours", "stock", "ttl-pinning", "upstream")
@@ -201,7 +202,6 @@ class ProgramArm(Arm):
         self.scheduler = scheduler
         self.selector = selector
         self.tick_interval = scheduler.params.scheduler_interval_seconds
-        self.costs = CostMeter()
 
     def bind(self, host: ArmHost) -> None:
         super().bind(host)
@@ -211,33 +211,32 @@ class ProgramArm(Arm):
         self.scheduler.set_workers(frozenset(w.index for w in cluster.workers), cards)
 
     def submit(self, request: SimRequest) -> None:
-        blocks: tuple[int, ...] = ()
-        block_tokens = self.host.cluster.block_size
-        params = self.scheduler.params
-        if params.shared_prefix_accounting:
-            # What the router's chained block hashes see: the system prompt's blocks are
-            # common to every agent, the rest are the program's own.
-            full = min(request.prompt_tokens // block_tokens, params.shared_prefix_max_blocks)
-            shared = min(full, request.system_tokens // block_tokens)
-            blocks = tuple(hash(("system", i)) for i in range(shared)) + tuple(
-                hash((request.session_id, i)) for i in range(shared, full))
         self._apply(self.scheduler.submit(request.request_id, request.session_id,
                                           request.prompt_tokens, self.host.now(),
-                                          prefix_blocks=blocks,
-                                          prefix_block_tokens=block_tokens))
+                                          prefix=self._prefix(request)))
+
+    def _prefix(self, request: SimRequest) -> PrefixBlocks:
+        """What the router's chained block hashes would see: the system prompt's blocks
+        are common to every agent, the rest are the program's own."""
+        block_tokens = self.host.cluster.block_size
+        params = self.scheduler.params
+        if not params.shared_prefix_accounting:
+            return PrefixBlocks((), block_tokens)
+        full = min(request.prompt_tokens // block_tokens, params.shared_prefix_max_blocks)
+        shared = min(full, request.system_tokens // block_tokens)
+        return PrefixBlocks(tuple(hash(("system", i)) for i in range(shared)) + tuple(
+            hash((request.session_id, i)) for i in range(shared, full)), block_tokens)
 
     def first_token(self, request: SimRequest) -> None:
         self._apply(self.scheduler.responding(request.request_id, self.host.now()))
 
     def completed(self, request: SimRequest) -> None:
-        # Measure costs the way the router does: from the request's own timings.
+        # The engine's timings of the turn, as the router hands them over.
         if request.scheduled_at is not None and request.first_token_at is not None:
-            costs = self.costs.observe(
+            self.scheduler.observe_turn(TurnTiming(
                 request.prompt_tokens - request.cached_tokens,
                 request.first_token_at - request.scheduled_at,
-                self.host.now() - request.first_token_at)
-            if costs is not None:
-                self.scheduler.observe_costs(costs)
+                self.host.now() - request.first_token_at))
         self._apply(self.scheduler.completed(request.request_id, request.context_tokens,
                                              self.host.now()))
 
@@ -291,40 +290,10 @@ class ProgramArm(Arm):
         return found
 
 
-class UpstreamScheduler(Scheduler):
-    """Our scheduler with the upstream ThunderAgent proxy's pressure rule.
-
-    Upstream pauses the smallest ACTING programs of an over-capacity backend while its
-    usage estimate exceeds capacity; when none is left it marks REASONING programs, but
-    marking does not lower that estimate, so it marks *every* unmarked REASONING program on
-    the backend. Ours discounts marked programs and stops marking at the target. Everything
-    else upstream does is our parity rules with the values in :data:`UPSTREAM_PARAMETERS`.
-    """
-
-    def _relieve_pressure(self, now: float, d: Decisions) -> None:
-        for worker, capacity in self.capacity.known.items():
-            usage = self.table.usage(worker)
-            if usage <= capacity * self.params.pause_threshold:
-                continue
-            members = self.table.members(worker)
-            acting = sorted((p for p in members if p.phase is Phase.ACTING),
-                            key=lambda p: (p.tokens, p.seq))
-            for program in acting:
-                if usage <= capacity * self.params.pause_threshold:
-                    break
-                usage -= self.usage_model.charge(program)
-                self._pause(program, now, d)
-            if usage <= capacity * self.params.pause_threshold:
-                continue
-            for program in members:
-                if program.phase is Phase.REASONING and not program.marked_for_pause:
-                    program.marked_for_pause = True
-                    d.marked.append(program.session_id)
-
-
 # Upstream (ThunderAgent-org/ThunderAgent, ThunderAgent/scheduler/router.py and
-# backend/state.py) in our parameter names: it pauses when usage exceeds the whole capacity
-# and drains back to it (threshold = target = 1.0), resumes into any room up to capacity (no
+# backend/state.py) in our parameter names and with its pause rule
+# (pressure.UpstreamPauseRule): it pauses when usage exceeds the whole capacity and drains
+# back to it (threshold = target = 1.0), resumes into any room up to capacity (no
 # hysteresis), weights ACTING tokens fully with no time decay (its default), reserves 100
 # tokens per program, ticks every 5 s, force-resumes a wait after 1,800 s and never expires
 # an idle program. Not modelled: its shared-token credit measured from vLLM metrics, and its
@@ -339,6 +308,7 @@ UPSTREAM_PARAMETERS = ThunderAgentParameters(
     acting_token_weight=1.0,
     acting_decay_tau_seconds=1e12,  # 2^(-idle/tau) == 1 for any simulated idle time
     buffer_per_program=100,
+    pause_rule="upstream",
 )
 
 
@@ -374,8 +344,8 @@ def build_ours(policy: str | Path | None, clock: Callable[[], float],
 
 
 def build_upstream() -> ProgramArm:
-    """The ``upstream`` arm (see :class:`UpstreamScheduler` and UPSTREAM_PARAMETERS)."""
-    return ProgramArm("upstream", UpstreamScheduler(UPSTREAM_PARAMETERS),
+    """The ``upstream`` arm: our scheduler with UPSTREAM_PARAMETERS (its pause rule too)."""
+    return ProgramArm("upstream", Scheduler(UPSTREAM_PARAMETERS),
                       ThunderAgentSelector(EmptyParameters()))
 
 

@@ -1,0 +1,138 @@
+"""The pause rule: which programs give way when a worker/rank is over its threshold.
+
+A rule reads the table and returns a :class:`PausePlan`; the scheduler applies it
+(pauses ACTING programs now, marks REASONING ones to pause at their tool boundary).
+Rules are chosen once from the parameters (:func:`pause_rule`):
+
+* ``parity`` (the paper's rule, mission.md): over ``pause_threshold``, pause the
+  smallest ACTING programs until usage is at ``pause_target``, then mark the smallest
+  REASONING ones; marked programs already count as gone. Three extensions only change
+  its ingredients: what counts as usage (``pressure_decay``: the decayed usage the
+  resume side uses), which programs are eligible (``min_residency_seconds``; a pause
+  that does not pay, per the cost model) and in what order (``pause_order``).
+* ``upstream``: the upstream ThunderAgent proxy's rule, kept for comparison. It drains
+  to the threshold itself and, when no ACTING program is left, marks *every* unmarked
+  REASONING program (marking does not lower its usage estimate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dynamo_thunderagent.capacity import Capacity, UsageModel
+from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.costs import CostModel
+from dynamo_thunderagent.program import Phase, Program
+from dynamo_thunderagent.program_table import ProgramTable
+
+
+@dataclass
+class PausePlan:
+    """Programs to pause now (in order), then programs to mark for pause."""
+
+    pause: list[Program] = field(default_factory=list)
+    mark: list[Program] = field(default_factory=list)
+
+
+class PauseRule(Protocol):
+    def plan(self, table: ProgramTable, capacity: Capacity, now: float) -> PausePlan: ...
+
+
+class ParityPauseRule:
+    """The paper's rule, with its ingredients chosen once from the parameters."""
+
+    def __init__(self, params: ThunderAgentParameters, model: UsageModel,
+                 costs: CostModel) -> None:
+        self.threshold = params.pause_threshold
+        self.target = params.pause_target
+        self.residency = params.min_residency_seconds
+        self.decay = params.pressure_decay
+        self.model = model
+        self.costs = costs
+        self.longest_idle_first = params.pause_order == "longest_idle"
+
+    def plan(self, table: ProgramTable, capacity: Capacity, now: float) -> PausePlan:
+        plan = PausePlan()
+        charge = self._charge(now)
+        victim_order = self._victim_order(now)
+        residency = self.residency
+        for worker, cap in capacity.known.items():
+            usage = table.decayed_usage(worker, now) if self.decay else table.usage(worker)
+            if usage <= cap * self.threshold:
+                continue
+            target = cap * self.target
+            members = table.members(worker)
+            usage -= sum(charge(p) for p in members if p.marked_for_pause)
+            acting = sorted(
+                (p for p in members if p.phase is Phase.ACTING
+                 and not (residency and p.active_since is not None
+                          and now - p.active_since < residency)
+                 and self.costs.pause_pays(p.tokens)),
+                key=victim_order,
+            )
+            for program in acting:
+                if usage <= target:
+                    break
+                usage -= charge(program)
+                plan.pause.append(program)
+            reasoning = sorted(
+                (p for p in members if p.phase is Phase.REASONING and not p.marked_for_pause
+                 and self.costs.pause_pays(p.tokens)),
+                key=lambda p: (p.tokens, p.seq),
+            )
+            for program in reasoning:
+                if usage <= target:
+                    break
+                usage -= charge(program)
+                plan.mark.append(program)
+        return plan
+
+    def _charge(self, now: float) -> Callable[[Program], float]:
+        model = self.model
+        if self.decay:
+            return lambda p: model.decayed_charge(p, now)
+        return model.charge
+
+    def _victim_order(self, now: float) -> Callable[[Program], tuple[float, int, int]]:
+        if self.longest_idle_first:  # the tool that has run longest first
+            return lambda p: (p.acting_since if p.acting_since is not None else now,
+                              p.tokens, p.seq)
+        return lambda p: (0.0, p.tokens, p.seq)
+
+
+class UpstreamPauseRule:
+    """The upstream proxy's rule (see the module docstring)."""
+
+    def __init__(self, params: ThunderAgentParameters, model: UsageModel) -> None:
+        self.threshold = params.pause_threshold
+        self.model = model
+
+    def plan(self, table: ProgramTable, capacity: Capacity, now: float) -> PausePlan:
+        plan = PausePlan()
+        for worker, cap in capacity.known.items():
+            usage = table.usage(worker)
+            limit = cap * self.threshold
+            if usage <= limit:
+                continue
+            members = table.members(worker)
+            for program in sorted((p for p in members if p.phase is Phase.ACTING),
+                                  key=lambda p: (p.tokens, p.seq)):
+                if usage <= limit:
+                    break
+                usage -= self.model.charge(program)
+                plan.pause.append(program)
+            if usage <= limit:
+                continue
+            plan.mark.extend(p for p in members
+                             if p.phase is Phase.REASONING and not p.marked_for_pause)
+        return plan
+
+
+def pause_rule(params: ThunderAgentParameters, model: UsageModel,
+               costs: CostModel) -> PauseRule:
+    """The pause rule a policy names (``pause_rule``; parity by default)."""
+    if params.pause_rule == "upstream":
+        return UpstreamPauseRule(params, model)
+    return ParityPauseRule(params, model, costs)

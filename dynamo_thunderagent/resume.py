@@ -1,0 +1,158 @@
+"""The resume planner: which paused programs come back, and where programs run.
+
+:meth:`ResumePlanner.plan` returns the programs to resume, each with its worker/rank,
+in the order the scheduler applies them; :meth:`ResumePlanner.place` picks the rank
+for a program that starts without a live worker. Both read the table and change
+nothing. Parity, with the extensions that change one ingredient each:
+
+* **Order**: a waiting turn of a known program, then programs that never ran (nothing
+  cached yet), then paused tool-callers; smallest first. ``max_wait_seconds`` (aging)
+  puts a turn deferred that long first and reserves the room left for it: while it does
+  not fit, nothing behind it is chosen.
+* **Choice**: programs are taken in that order while their need (tokens plus
+  ``buffer_per_program``, capped at a whole rank's resume level) fits the total room
+  below the resume level (``pause_threshold - resume_hysteresis``, on decayed usage).
+  A program whose pause would not pay (the cost model) is resumed regardless: holding
+  it back saves nothing.
+* **Placement by room**: the chosen set is packed largest first onto the rank with the
+  most room, so a program may move. ``resume_affinity`` (placement by residency) sends a
+  program back to its last rank when that rank has room: its blocks may be resident.
+* **Placement of a new turn** (:meth:`place`): the least-used rank with room under the
+  threshold (parity), or with ``placement: least_busy`` the one serving the fewest
+  prompt tokens right now.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from dynamo_thunderagent.capacity import Capacity
+from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.costs import CostModel
+from dynamo_thunderagent.program import Phase, Program, WorkerKey
+from dynamo_thunderagent.program_table import ProgramTable
+
+# Resume order classes: a turn is waiting on a known program, then programs that never
+# ran (nothing cached yet), then paused tool-callers.
+_WAITING_TURN, _NEW, _ACTING = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Resumption:
+    program: Program
+    worker: WorkerKey | None  # None: capacity unknown, any eligible worker
+
+
+class ResumePlanner:
+    def __init__(self, params: ThunderAgentParameters, costs: CostModel) -> None:
+        self.threshold = params.pause_threshold
+        self.level = params.pause_threshold - params.resume_hysteresis
+        self.buffer = params.buffer_per_program
+        self.affinity = params.resume_affinity
+        self.max_wait = params.max_wait_seconds
+        self.least_busy = params.placement == "least_busy"
+        self.costs = costs
+
+    # ---- resuming -----------------------------------------------------------------
+    def plan(self, paused: list[Program], table: ProgramTable, capacity: Capacity,
+             now: float) -> list[Resumption]:
+        """The resumptions, in order, for these paused programs (see the module docstring)."""
+        known = capacity.known
+        order = sorted(paused, key=lambda p: self.order(p, now))
+        if not known:
+            if not capacity.any_live:
+                return []
+            # Capacity unknown: behave as at cold start (anywhere, nothing held back).
+            return [Resumption(p, None) for p in order if p.current is not None]
+        level = self.level
+        buffer = self.buffer
+        room = {w: cap * level - table.decayed_usage(w, now) for w, cap in known.items()}
+        free = sum(max(0.0, r) for r in room.values())
+        # A program larger than any rank's resume level (it still fits the capacity, or
+        # admission would have refused it) needs a whole empty rank, not more than that:
+        # without the cap it would wait for resume_timeout and hold every new program back.
+        largest = capacity.largest * level
+        chosen = []
+        for program in order:
+            need = min(program.tokens + buffer, largest)
+            if not self.costs.pause_pays(program.tokens):
+                chosen.append(program)  # holding it back saves nothing: resume it anyway
+                free -= need
+            elif need <= free:
+                chosen.append(program)
+                free -= need
+            elif self.aged(program, now):
+                break  # reserve the room that is left for the longest waiter
+        # Most room first; ties to the lower worker/rank. A heap keeps each placement
+        # O(log ranks) at fleet scale; entries whose room changed are stale and skipped.
+        heap = [(-r, w) for w, r in room.items()]
+        heapq.heapify(heap)
+        plan = []
+        for program in sorted(chosen, key=lambda p: (-p.tokens, p.seq)):
+            need = min(program.tokens + buffer, largest)
+            home = program.worker
+            if self.affinity and home is not None and home in room and room[home] >= need:
+                worker = home
+            else:
+                while -heap[0][0] != room[heap[0][1]]:
+                    heapq.heappop(heap)
+                worker = heap[0][1]
+                if room[worker] < need and self.costs.pause_pays(program.tokens):
+                    continue
+            room[worker] -= need
+            heapq.heappush(heap, (-room[worker], worker))
+            plan.append(Resumption(program, worker))
+        return plan
+
+    def aged(self, program: Program, now: float) -> bool:
+        """Deferred at least ``max_wait_seconds`` (aging on)."""
+        return (self.max_wait is not None and program.deferred_since is not None
+                and now - program.deferred_since >= self.max_wait)
+
+    def order(self, program: Program, now: float) -> tuple[int, float, int]:
+        if self.aged(program, now):
+            return (-1, program.deferred_since or 0.0, program.seq)  # oldest waiter first
+        if program.is_new:
+            klass = _NEW
+        elif program.phase is Phase.REASONING and program.current is not None:
+            klass = _WAITING_TURN
+        else:
+            klass = _ACTING
+        return (klass, program.tokens, program.seq)
+
+    def most_room(self, table: ProgramTable, capacity: Capacity,
+                  now: float) -> WorkerKey | None:
+        """The rank with the most room by decayed usage, ties to the lower one (where an
+        overdue program is forced)."""
+        known = capacity.known
+        if not known:
+            return None
+        return max(known, key=lambda w: (known[w] - table.decayed_usage(w, now), _neg(w)))
+
+    # ---- placing a new turn ---------------------------------------------------------
+    def place(self, table: ProgramTable, capacity: Capacity,
+              need: float | None) -> WorkerKey | None:
+        """The rank where ``need`` fits under the threshold, least used (None: any rank)."""
+        # Runs on every new program's admission over every rank: keep it a tight loop
+        # over precomputed usage (ranks are visited in key order, so the strict < keeps
+        # the lowest worker/rank on equal usage).
+        best: WorkerKey | None = None
+        best_key = (float("inf"), float("inf"))
+        threshold = self.threshold
+        usage_of = table.usage_by_rank.get
+        busy_of = table.reasoning_tokens if self.least_busy else None
+        for worker, cap in capacity.known.items():
+            usage = usage_of(worker, 0.0)
+            if need is None or usage + need <= cap * threshold:
+                # least_busy: of the ranks with room, the one with the fewest prompt tokens
+                # being served now (it starts the new turn soonest), then the least used.
+                key = (busy_of(worker) / cap if busy_of else 0.0, usage / cap)
+                if key < best_key:
+                    best, best_key = worker, key
+        return best
+
+
+def _neg(worker: WorkerKey) -> tuple[int, int]:
+    """Sort key that prefers the lower worker/rank when used inside ``max``."""
+    return (-worker.worker_id, -worker.dp_rank)

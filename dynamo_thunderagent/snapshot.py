@@ -1,0 +1,46 @@
+"""The scheduler's state as plain data: the router's state endpoint and the tests read it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from dynamo_thunderagent.capacity import Capacity
+from dynamo_thunderagent.costs import CostModel
+from dynamo_thunderagent.idle import IdlePrograms
+from dynamo_thunderagent.program_table import ProgramTable
+
+
+def snapshot(table: ProgramTable, capacity: Capacity, idle: IdlePrograms,
+             counters: Mapping[str, int], costs: CostModel, waiting_for_room: int,
+             now: float) -> dict[str, object]:
+    """Plain-data view of a scheduler's parts at ``now``."""
+    ranks = {}
+    for worker in sorted(set(capacity.known) | set(table.assigned_workers())):
+        ranks[str(worker)] = {
+            "capacity_tokens": capacity.known.get(worker),
+            "usage_tokens": table.usage(worker),
+            "decayed_usage_tokens": table.decayed_usage(worker, now),
+            "programs": len(table.members(worker)),
+        }
+    programs = {
+        p.session_id: {
+            "phase": p.phase.value, "lifecycle": p.lifecycle.value,
+            "worker": None if p.worker is None else str(p.worker), "tokens": p.tokens,
+            "steps": p.steps, "marked_for_pause": p.marked_for_pause,
+            "in_flight": p.current, "waiting": len(p.waiting),
+            "pauses": p.pauses, "resumes": p.resumes, "moves": p.moves,
+        }
+        for p in table.programs.values()
+    }
+    return {
+        "programs": programs,
+        "tracked_requests": len(table.requests),
+        "paused": len(table.paused()),
+        "waiting_for_room": waiting_for_room,
+        "dormant": len(idle.dormant),
+        "return_evidence": idle.evidence.as_dict(),
+        "ranks": ranks,
+        "live_workers": sorted(capacity.live_worker_ids),
+        "counters": dict(counters),
+        "costs": costs.describe(),
+    }
