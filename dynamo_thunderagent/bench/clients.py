@@ -38,12 +38,12 @@ from typing import Any
 
 from dynamo_thunderagent.bench.driver import SESSION_HEADER
 from dynamo_thunderagent.bench.output import publish
+from dynamo_thunderagent.stack.arms import ARM_NAMES, BASELINE_ARM, HEADLINE_ARMS, arm_named
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AIPERF_VENV = REPO_ROOT / ".venv-aiperf"
 SUMMARY_FILE = "profile_export_aiperf.json"
-ARM_CHOICES = ("stock", "builtin", "dynamo-python", "ours")
 
 
 @dataclass(frozen=True)
@@ -222,8 +222,8 @@ def run_one(arm: str, workload: AiperfWorkload, concurrency: int, repeat: int, o
     """A fresh stack of ``arm``, one aiperf run, the router's state, the stack stopped."""
     name = f"{workload.name}-c{concurrency}-r{repeat}-{arm}"
     result = ClientRun(workload.name, concurrency, arm, repeat)
-    config = StackConfig(arm=arm, run_dir=out / "runs" / name,  # type: ignore[arg-type]
-                         policy=policy if arm in ("ours", "builtin") else None)
+    config = StackConfig(arm=arm, run_dir=out / "runs" / name,
+                         policy=policy if arm_named(arm).takes_policy else None)
     try:
         with LocalStack(config) as stack:
             outcome = run_aiperf(stack, workload, concurrency, out / "aiperf" / name,
@@ -264,7 +264,7 @@ def summarize(runs: list[ClientRun]) -> list[dict[str, Any]]:
         rows.append(row)
     by_key = {(r["workload"], r["concurrency"], r["arm"]): r for r in rows}
     for row in rows:
-        stock = by_key.get((row["workload"], row["concurrency"], "stock"))
+        stock = by_key.get((row["workload"], row["concurrency"], BASELINE_ARM))
         rps, base = row["requests_per_s"], stock and stock["requests_per_s"]
         row["rps_vs_stock"] = rps / base if rps and base else None
         p99, base_p99 = row["ttft_p99_ms"], stock and stock["ttft_p99_ms"]
@@ -314,8 +314,8 @@ def markdown(rows: list[dict[str, Any]], runs: list[ClientRun]) -> str:
 
 # ---- CLI -------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--arms", default="stock,ours",
-                        help=f"comma-separated arms from {', '.join(ARM_CHOICES)} "
+    parser.add_argument("--arms", default=",".join(HEADLINE_ARMS),
+                        help=f"comma-separated arms from {', '.join(ARM_NAMES)} "
                              "(default: stock,ours)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help=f"comma-separated from {', '.join(WORKLOADS)} (default: both)")
@@ -345,7 +345,7 @@ def _choices(text: str, allowed: tuple[str, ...] | list[str], what: str) -> list
 
 
 def run_clients_cli(args: argparse.Namespace) -> int:
-    arms = _choices(args.arms, ARM_CHOICES, "arms")
+    arms = _choices(args.arms, ARM_NAMES, "arms")
     workloads = [WORKLOADS[w] for w in _choices(args.workloads, list(WORKLOADS), "workloads")]
     if args.repeats < 1:
         raise SystemExit("error: --repeats must be >= 1")

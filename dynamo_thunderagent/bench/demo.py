@@ -22,12 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from dynamo_thunderagent.bench.runner import (  # noqa: F401  (re-exported for callers)
-    ArmResult,
-    RunSpec,
-    run_stack,
-    scheduler_figures,
-)
+from dynamo_thunderagent.bench.runner import ArmResult, RunSpec, run_stack
 from dynamo_thunderagent.bench.workload import (
     AgentPlan,
     WorkloadSpec,
@@ -35,6 +30,7 @@ from dynamo_thunderagent.bench.workload import (
     load_trace,
     replay_stream,
 )
+from dynamo_thunderagent.stack.arms import ARM_NAMES, ARMS, HEADLINE_ARMS, arm_named
 
 # Agents of 8-16 turns: a 256-token shared system prompt, 256-512 tokens of task, then
 # 64-192 tool tokens and 16-48 generated tokens per turn (about 2.5k tokens at the peak).
@@ -50,15 +46,12 @@ DEMO_SPEC = WorkloadSpec(
     session_prefix="demo",
 )
 
-DEMO_ARMS = ("stock", "ours")
-KNOWN_ARMS = ("stock", "builtin", "dynamo-python", "ours")
-
 
 @dataclass
 class DemoConfig:
     """Everything one demo run depends on (printed with the results)."""
 
-    arms: tuple[str, ...] = DEMO_ARMS
+    arms: tuple[str, ...] = HEADLINE_ARMS
     agents: int = 16
     duration_s: float = 60.0
     warmup_s: float = 10.0
@@ -124,7 +117,8 @@ def run_arm(arm: str, config: DemoConfig, sizing: Sizing, say: Callable[[str], N
         warmup_s=config.warmup_s, drain_s=config.drain_s,
         request_timeout_s=config.request_timeout_s, num_workers=config.num_workers,
         num_gpu_blocks=sizing.num_gpu_blocks, block_size=config.block_size,
-        speedup_ratio=config.speedup_ratio, policy=config.policy if arm == "ours" else None,
+        speedup_ratio=config.speedup_ratio,
+        policy=arm_named(arm).chosen_policy({"--policy": config.policy}),
         job=f"demo-{config.seed}",
     )  # fmt: skip
     return run_stack(spec, say)
@@ -273,8 +267,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--arms",
-        default=",".join(DEMO_ARMS),
-        help=f"comma-separated, in order; from {', '.join(KNOWN_ARMS)}",
+        default=",".join(HEADLINE_ARMS),
+        help=f"comma-separated, in order; from {', '.join(ARM_NAMES)}",
     )
     parser.add_argument(
         "--pressure",
@@ -309,9 +303,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
     """Validate the command line; raise ValueError naming the bad option."""
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
-    unknown = [a for a in arms if a not in KNOWN_ARMS]
+    unknown = [a for a in arms if a not in ARMS]
     if not arms or unknown:
-        raise ValueError(f"--arms: unknown {unknown or 'empty'}; choose from {KNOWN_ARMS}")
+        raise ValueError(f"--arms: unknown {unknown or 'empty'}; choose from {ARM_NAMES}")
     if args.agents < 1 or args.duration <= 0 or args.drain < 0:
         raise ValueError("--agents must be >= 1, --duration > 0 and --drain >= 0")
     warmup = min(10.0, args.duration / 4) if args.warmup is None else args.warmup

@@ -108,7 +108,6 @@ from dynamo_thunderagent.bench.live_report import (
     render_markdown,
 )
 from dynamo_thunderagent.bench.live_sweep import (
-    BUILTIN_LOG_FILTER,
     DEFAULT_ARMS,
     DEFAULT_FACTORS,
     QUICK_ARMS,
@@ -405,7 +404,6 @@ def _one_run(
     say: Callable[[str], None],
 ) -> dict[str, Any]:  # fmt: skip
     setup, sweep = prepared.setup, prepared.sweep
-    extra_env = {"DYN_LOG": BUILTIN_LOG_FILTER} if arm.base == "builtin" else {}
     spec = RunSpec(
         arm=arm.base,
         label=arm.label,
@@ -421,10 +419,10 @@ def _one_run(
         speedup_ratio=setup.speedup_ratio,
         policy=arm.policy,
         mocker_args=prepared.mocker_args,
-        extra_env=extra_env,
+        extra_env=arm.arm.observed_env(),
         job=f"live-{setup.regime}-{config.seed}",
     )
-    observer = Observer(arm.base, (config.warmup_s, config.window_s))
+    observer = Observer(arm.arm, (config.warmup_s, config.window_s))
     result = run_stack(spec, say, observer)
     return make_row(
         key, result, pressure=sweep.pressure_of(key.agents),
@@ -449,8 +447,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--regime", choices=[*REGIME_NAMES, "all"], default="calibrated",
       help="timing regime (default calibrated; all = both)")
     a("--arms", default=None,
-      help="comma-separated arms in order: stock, builtin, dynamo-python, ours, or "
-           "ours:<label>=<policy.yaml> (default: all four; --quick: stock,ours)")
+      help=f"comma-separated arms in order: {', '.join(DEFAULT_ARMS)}, or "
+           f"ours:<label>=<policy.yaml> (default: all of them; --quick: {','.join(QUICK_ARMS)})")
     a("--arm-policy", action="append", default=[], metavar="LABEL=PATH",
       help="add an ablation arm ours:LABEL running our router with PATH (repeatable)")
     a("--policy", type=Path, default=None,

@@ -6,8 +6,6 @@ See :mod:`dynamo_thunderagent.bench.live` for the definitions of the figures.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import re
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,11 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from dynamo_thunderagent.bench.live_sweep import RunKey
 from dynamo_thunderagent.bench.metrics import percentile
-from dynamo_thunderagent.bench.runner import (
-    ArmResult,
-    get_json,
-    scheduler_figures,
-)
+from dynamo_thunderagent.bench.runner import ArmResult, get_json
+from dynamo_thunderagent.stack.arms import BASELINE_ARM, Arm
 
 if TYPE_CHECKING:
     from dynamo_thunderagent.bench.driver import RunResult
@@ -33,21 +28,6 @@ SCHEMA = "dynamo-thunderagent/bench-live/v1"
 # ============================================================================================
 # Observers: scheduler figures per arm
 # ============================================================================================
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z")
-_PY_EVENT = re.compile(r"thunderagent\.program (paused|resumed) .*\bpaused=(\d+)")
-_BUILTIN_STATE = re.compile(r"ThunderAgent scheduler state changed .*\bpaused_programs=(\d+)")
-_BUILTIN_FORCED = re.compile(r"forced program resumes .*\bforced_resumes=(\d+)")
-
-
-def _log_time(line: str) -> float | None:
-    match = _TS.match(line)
-    if match is None:
-        return None
-    stamp = dt.datetime.fromisoformat(match.group(1)).replace(tzinfo=dt.timezone.utc)
-    return stamp.timestamp()
-
 
 def time_weighted(samples: Sequence[tuple[float, float]], start: float, stop: float,
                   initial: float = 0.0) -> tuple[float | None, float | None]:  # fmt: skip
@@ -78,45 +58,6 @@ def time_weighted(samples: Sequence[tuple[float, float]], start: float, stop: fl
     return area / (stop - start), peak
 
 
-def parse_python_router_log(text: str) -> dict[str, Any]:
-    """Pauses, resumes and the paused-count samples of ``dynamo.thunderagent_router``'s log."""
-    pauses = resumes = 0
-    samples: list[tuple[float, float]] = []
-    for raw in text.splitlines():
-        line = _ANSI.sub("", raw)
-        match = _PY_EVENT.search(line)
-        if match is None:
-            continue
-        if match.group(1) == "paused":
-            pauses += 1
-        else:
-            resumes += 1
-        when = _log_time(line)
-        if when is not None:
-            samples.append((when, float(match.group(2))))
-    return {"pauses": pauses, "resumes": resumes, "samples": samples}
-
-
-def parse_builtin_log(text: str) -> dict[str, Any]:
-    """Paused-count samples and forced resumes of Dynamo's builtin ThunderAgent (debug log)."""
-    samples: list[tuple[float, float]] = []
-    forced = 0
-    seen = False
-    for raw in text.splitlines():
-        line = _ANSI.sub("", raw)
-        match = _BUILTIN_STATE.search(line)
-        if match is not None:
-            seen = True
-            when = _log_time(line)
-            if when is not None:
-                samples.append((when, float(match.group(1))))
-            continue
-        forced_match = _BUILTIN_FORCED.search(line)
-        if forced_match is not None:
-            forced = max(forced, int(forced_match.group(1)))
-    return {"samples": samples, "forced_resumes": forced, "seen": seen}
-
-
 EMPTY_FIGURES: dict[str, Any] = {
     "pauses": None,
     "resumes": None,
@@ -131,13 +72,17 @@ EMPTY_FIGURES: dict[str, Any] = {
 
 
 class Observer:
-    """Collects an arm's scheduler figures (see the module docstring for what each arm has).
+    """Collects an arm's scheduler figures: what :meth:`Arm.figures` reads, over one run.
 
-    ``window``: the steady window ``(warmup_s, window_s)`` relative to the run's start.
+    It is the arm's :class:`~dynamo_thunderagent.stack.arms.ObservedRun`: the logs written
+    since :meth:`start`, our router's ``/state`` (polled for the paused count while the run
+    lasts, when the stack serves one), and time-weighted means over the steady window
+    ``window = (warmup_s, window_s)`` relative to the run's start. Figures an arm cannot
+    measure stay None (:data:`EMPTY_FIGURES`).
     """
 
-    def __init__(self, base: str, window: tuple[float, float], poll_s: float = 1.0) -> None:
-        self.base = base
+    def __init__(self, arm: Arm, window: tuple[float, float], poll_s: float = 1.0) -> None:
+        self.arm = arm
         self.window = window
         self.poll_s = poll_s
         self.t0 = 0.0
@@ -145,13 +90,15 @@ class Observer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._log_offsets: dict[str, int] = {}
+        self._stack: LocalStack | None = None
 
     def start(self, stack: LocalStack) -> None:
         self.t0 = time.time()
+        self._stack = stack
         for proc in stack.processes:
             with contextlib.suppress(OSError):
                 self._log_offsets[proc.name] = proc.log_path.stat().st_size
-        if self.base == "ours" and stack.state_url is not None:
+        if stack.state_url is not None:
             url = stack.state_url
             self._thread = threading.Thread(target=self._poll, args=(url,), daemon=True)
             self._thread.start()
@@ -165,39 +112,34 @@ class Observer:
                     self.samples.append((time.time(), float(paused)))
             self._stop.wait(self.poll_s)
 
-    def _log(self, stack: LocalStack, role: str) -> str:
-        for proc in stack.processes:
+    # ----- ObservedRun ---------------------------------------------------------------------
+
+    def log(self, role: str) -> str:
+        for proc in self._stack.processes if self._stack is not None else ():
             if proc.role == role:
                 with contextlib.suppress(OSError), proc.log_path.open("rb") as fh:
                     fh.seek(self._log_offsets.get(proc.name, 0))
                     return fh.read().decode("utf-8", errors="replace")
         return ""
 
-    def _paused(self, samples: Sequence[tuple[float, float]]) -> tuple[float | None, float | None]:
+    def state(self) -> dict[str, Any] | None:
+        url = self._stack.state_url if self._stack is not None else None
+        return get_json(url) if url else None
+
+    def state_samples(self) -> Sequence[tuple[float, float]]:
+        return self.samples
+
+    def paused(self, samples: Sequence[tuple[float, float]]) -> tuple[float | None, float | None]:
         lo, hi = self.window
         return time_weighted(samples, self.t0 + lo, self.t0 + hi)
 
     def finish(self, stack: LocalStack, run: RunResult) -> dict[str, Any]:
-        figures = dict(EMPTY_FIGURES)
         if self._thread is not None:
             self._stop.set()
             self._thread.join(timeout=5.0)
-        if self.base == "ours":
-            state = get_json(stack.state_url) if stack.state_url else None
-            if state is not None:
-                figures.update(scheduler_figures(state))
-            else:
-                figures["state_error"] = "no /state"
-            figures["paused_mean"], figures["paused_max"] = self._paused(self.samples)
-        elif self.base == "dynamo-python":
-            parsed = parse_python_router_log(self._log(stack, "router"))
-            figures["pauses"], figures["resumes"] = parsed["pauses"], parsed["resumes"]
-            figures["paused_mean"], figures["paused_max"] = self._paused(parsed["samples"])
-        elif self.base == "builtin":
-            parsed = parse_builtin_log(self._log(stack, "frontend"))
-            if parsed["seen"]:
-                figures["forced_resumes"] = parsed["forced_resumes"]
-                figures["paused_mean"], figures["paused_max"] = self._paused(parsed["samples"])
+        self._stack = stack
+        figures = dict(EMPTY_FIGURES)
+        figures.update(self.arm.figures(self))
         return figures
 
 
@@ -340,7 +282,7 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[int
             arm: {n: aggregate_cell(rs) for n, rs in sorted(by_n.items())}
             for arm, by_n in arms.items()
         }
-        stock = cells.get("stock", {})
+        stock = cells.get(BASELINE_ARM, {})
         for by_n in cells.values():
             for n, cell in by_n.items():
                 base = stock.get(n, {}).get("steps_per_min")
@@ -483,7 +425,7 @@ def _regime_markdown(
         cells = [_spread_cell(by_n(arm).get(str(n)), "steps_per_min", ".0f") for n in counts]
         out.append(f"| {arm} | " + " | ".join(cells) + " |")
     out.append("")
-    if "stock" in arms and len(arms) > 1:
+    if BASELINE_ARM in arms and len(arms) > 1:
         out += head("Steps/min relative to stock (ratio of means):")
         for arm in arms:
             ratios = [(by_n(arm).get(str(n)) or {}).get("steps_per_min_vs_stock") for n in counts]

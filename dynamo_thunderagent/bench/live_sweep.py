@@ -28,16 +28,14 @@ from dynamo_thunderagent.bench.workload import (
     load_trace,
     replay_stream,
 )
-from dynamo_thunderagent.policy_files import EXTENDED_POLICY, PARITY_POLICY
+from dynamo_thunderagent.stack.arms import ARM_NAMES, ARMS, HEADLINE_ARMS, Arm, arm_named
 
-ARM_BASES: tuple[str, ...] = ("stock", "builtin", "dynamo-python", "ours")
-DEFAULT_ARMS: tuple[str, ...] = ARM_BASES
-QUICK_ARMS: tuple[str, ...] = ("stock", "ours")
+DEFAULT_ARMS: tuple[str, ...] = ARM_NAMES
+QUICK_ARMS: tuple[str, ...] = HEADLINE_ARMS
 WORKLOADS: tuple[str, ...] = ("trace", *SYNTHETIC_WORKLOADS)
 DEFAULT_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0)
 QUICK_FACTORS: tuple[float, ...] = (1.0, 3.0)
 SAMPLE_AGENTS = 256  # synthetic plans sampled to size the capacity
-BUILTIN_LOG_FILTER = "info,thunderagent=debug"  # the builtin's state-change lines are debug
 
 
 def relative_path(path: Path | None) -> str | None:
@@ -56,11 +54,15 @@ def relative_path(path: Path | None) -> str | None:
 
 @dataclass(frozen=True)
 class ArmSpec:
-    """An arm of the comparison: a LocalStack arm, a display label, a policy file."""
+    """An arm of the comparison: a registered arm (``base``), a display label, a policy file."""
 
     label: str
     base: str
     policy: Path | None = None
+
+    @property
+    def arm(self) -> Arm:
+        return arm_named(self.base)
 
     def describe(self) -> dict[str, Any]:
         return {"label": self.label, "base": self.base, "policy": relative_path(self.policy)}
@@ -71,14 +73,16 @@ def parse_arm(
 ) -> ArmSpec:
     """``stock`` | ``builtin`` | ``dynamo-python`` | ``ours`` | ``<base>:<label>=<policy>``.
 
-    A labelled arm (base ``ours`` or ``builtin``) runs with its own policy file and is named
-    ``<base>:<label>``. Raises ValueError naming what is wrong.
+    A labelled arm (a base that takes a policy: ``ours`` or ``builtin``) runs with its own
+    policy file and is named ``<base>:<label>``. An arm that takes a policy and is given none
+    runs with its default policy. Raises ValueError naming what is wrong.
     """
     text = text.strip()
     if ":" in text:
         base, _, rest = text.partition(":")
         label, eq, path = rest.partition("=")
-        if base not in ("ours", "builtin") or not eq or not label.strip() or not path.strip():
+        takes_policy = base in ARMS and ARMS[base].takes_policy
+        if not takes_policy or not eq or not label.strip() or not path.strip():
             raise ValueError(
                 f"arm {text!r}: an ablation arm is ours:<label>=<policy.yaml> "
                 "(or builtin:<label>=<policy.yaml>)"
@@ -86,13 +90,9 @@ def parse_arm(
         if not re.fullmatch(r"[A-Za-z0-9_.+-]+", label.strip()):
             raise ValueError(f"arm {text!r}: label may use letters, digits and _.+- only")
         return ArmSpec(f"{base}:{label.strip()}", base, Path(path.strip()))
-    if text not in ARM_BASES:
-        raise ValueError(f"unknown arm {text!r}; choose from {', '.join(ARM_BASES)}")
-    if text == "ours":
-        return ArmSpec("ours", "ours", ours_policy or EXTENDED_POLICY)
-    if text == "builtin":
-        return ArmSpec("builtin", "builtin", builtin_policy or PARITY_POLICY)
-    return ArmSpec(text, text)
+    arm = arm_named(text)
+    given = {"--policy": ours_policy, "--builtin-policy": builtin_policy}
+    return ArmSpec(text, text, arm.chosen_policy(given) or arm.default_policy)
 
 
 def parse_arms(

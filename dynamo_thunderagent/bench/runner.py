@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dynamo_thunderagent.bench.metrics import ArmMetrics, summarize
 from dynamo_thunderagent.bench.workload import AgentPlan
+from dynamo_thunderagent.stack.arms import arm_named
+from dynamo_thunderagent.stack.figures import scheduler_figures
 
 if TYPE_CHECKING:
     from dynamo_thunderagent.bench.driver import RunResult
@@ -77,7 +79,7 @@ class RunObserver(Protocol):
 class RunSpec:
     """Everything one run depends on."""
 
-    arm: str  # LocalStack arm: stock | builtin | dynamo-python | ours
+    arm: str  # a name in stack.arms.ARMS
     plans: Callable[[], Iterator[AgentPlan]]  # a fresh stream per call (same seed, same agents)
     agents: int
     window_s: float
@@ -90,7 +92,7 @@ class RunSpec:
     num_gpu_blocks: int = 256
     block_size: int = 16
     speedup_ratio: float = 1.0
-    policy: Path | None = None  # router-policy YAML (arms builtin and ours)
+    policy: Path | None = None  # router-policy YAML (arms that take one; ignored by others)
     mocker_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
     job: str = "job"
@@ -111,32 +113,14 @@ def get_json(url: str, timeout: float = 5.0) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def scheduler_figures(state: dict[str, Any]) -> dict[str, Any]:
-    """The operator-facing figures of our router's ``/state`` document."""
-    scheduler = state.get("scheduler") or {}
-    router = state.get("router") or {}
-    counters = scheduler.get("counters") or {}
-    return {
-        "pauses": counters.get("pauses", 0),
-        "resumes": counters.get("resumes", 0),
-        "moves": counters.get("moves", 0),
-        "forced_resumes": counters.get("forced_resumes", 0),
-        "paused_at_end": scheduler.get("paused"),
-        "admission_wait_p50_s": router.get("admission_wait_p50_s"),
-        "admission_wait_p99_s": router.get("admission_wait_p99_s"),
-        "admission_wait_max_s": router.get("admission_wait_max_s"),
-        "router_hit_rate": router.get("hit_rate"),
-        "rejected": router.get("rejected"),
-    }
-
-
 def run_stack(
     spec: RunSpec, say: Callable[[str], None], observer: RunObserver | None = None
 ) -> ArmResult:
     """Start the stack for ``spec.arm``, drive the agents, read state, stop; never raises.
 
-    Without an observer, arm ``ours`` gets :func:`scheduler_figures` of its ``/state`` at the
-    end of the run (what the demo reports).
+    Without an observer, a stack that serves ``/state`` (arm ``ours``) gets
+    :func:`~dynamo_thunderagent.stack.figures.scheduler_figures` of it at the end of the run
+    (what the demo reports).
     """
     from dynamo_thunderagent.bench.driver import PromptText, run_closed_loop
     from dynamo_thunderagent.stack.launcher import LocalStack
@@ -145,13 +129,14 @@ def run_stack(
     started = time.monotonic()
     result = ArmResult(name)
     try:
+        takes_policy = arm_named(spec.arm).takes_policy
         with LocalStack(
             arm=spec.arm,
             num_workers=spec.num_workers,
             num_gpu_blocks=spec.num_gpu_blocks,
             block_size=spec.block_size,
             speedup_ratio=spec.speedup_ratio,
-            policy=spec.policy if spec.arm in ("builtin", "ours") else None,
+            policy=spec.policy if takes_policy else None,
             mocker_args=list(spec.mocker_args),
             extra_env=dict(spec.extra_env),
             keep_run_dir=False,

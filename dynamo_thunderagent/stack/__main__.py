@@ -10,7 +10,8 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from dynamo_thunderagent.stack.launcher import ARMS, LocalStack, StackConfig, StackError
+from dynamo_thunderagent.stack.arms import ARM_NAMES, BASELINE_ARM
+from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig, StackError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,7 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start mocker workers, a Dynamo frontend and (per arm) a router on 127.0.0.1.",
     )
     parser.add_argument(
-        "--arm", choices=ARMS, default="stock", help="system under test (default: stock)"
+        "--arm", choices=ARM_NAMES, default=BASELINE_ARM,
+        help=f"system under test (default: {BASELINE_ARM})",
     )
     parser.add_argument(
         "--workers", type=int, default=2, help="mocker worker processes (default: 2)"

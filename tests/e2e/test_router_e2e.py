@@ -390,7 +390,7 @@ async def test_killed_worker_moves_its_programs_and_leaves_nothing_behind(tmp_pa
 
 # ---- 8. the same policy file starts Dynamo's builtin plugin ---------------------------------
 def test_project_policy_starts_dynamos_builtin_thunderagent(tmp_path: Path) -> None:
-    from dynamo_thunderagent.stack.launcher import BUILTIN_ADMISSION_LOG_LINE
+    from dynamo_thunderagent.stack.arms import BUILTIN_ADMISSION_LOG_LINE
 
     policy = REPO_ROOT / "policies" / "thunderagent.yaml"
     with _stack(tmp_path / "run", policy, arm="builtin") as stack:

@@ -24,7 +24,7 @@ from dynamo_thunderagent.bench.workload import DEFAULT_TRACE
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_DIR = Path(__file__).resolve().parent / "sim"
 POLICIES = ROOT / "policies"
-ALL_ARMS = "ours,no-admission,ttl-pinning,upstream"
+ALL_ARMS = "ours,stock,ttl-pinning,upstream"
 
 
 def _cases() -> dict[str, list[str]]:

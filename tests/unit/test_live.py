@@ -18,6 +18,7 @@ from dynamo_thunderagent.bench.runner import ArmResult
 from dynamo_thunderagent.bench.workload import AgentPlan, TurnPlan
 from dynamo_thunderagent.cli import build_parser
 from dynamo_thunderagent.policy_files import PARITY_POLICY
+from dynamo_thunderagent.stack import figures
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = REPO / "policies" / "thunderagent.yaml"
@@ -184,7 +185,7 @@ def test_parse_python_router_log() -> None:
         "2026-11-30T09:43:17.808460Z  INFO router: thunderagent.program resumed program=a "
         "worker=3 dp_rank=0 tokens=5 paused=1",
     ])  # fmt: skip
-    parsed = live_report.parse_python_router_log(text)
+    parsed = figures.parse_python_router_log(text)
     assert (parsed["pauses"], parsed["resumes"]) == (2, 1)
     assert [v for _, v in parsed["samples"]] == [1.0, 2.0, 1.0]
     assert parsed["samples"][2][0] - parsed["samples"][0][0] == pytest.approx(9.208421)
@@ -200,10 +201,10 @@ def test_parse_builtin_log() -> None:
         "2026-11-30T09:45:54.0Z  WARN thunderagent: ThunderAgent deferral timeout forced program "
         "resumes forced_resumes=3",
     ])  # fmt: skip
-    parsed = live_report.parse_builtin_log(text)
+    parsed = figures.parse_builtin_log(text)
     assert parsed["seen"] and parsed["forced_resumes"] == 3
     assert [v for _, v in parsed["samples"]] == [8.0, 10.0]
-    assert live_report.parse_builtin_log("nothing here")["seen"] is False
+    assert figures.parse_builtin_log("nothing here")["seen"] is False
 
 
 # ----- rows, aggregation, report -----------------------------------------------------------

@@ -160,7 +160,7 @@ def _small(window_s: float = 90.0) -> Scenario:
 
 
 def test_same_seed_gives_identical_output() -> None:
-    spec = SweepSpec(scenario=_small(40.0), arms=("ours", "no-admission", "ttl-pinning",
+    spec = SweepSpec(scenario=_small(40.0), arms=("ours", "stock", "ttl-pinning",
                                                   "upstream"), agents=(4, 16), seed=3, ttl_s=1.0)
     first, second = run_sweep(spec), run_sweep(spec)
     assert json.dumps(to_json(spec, first)) == json.dumps(to_json(spec, second))
@@ -169,16 +169,16 @@ def test_same_seed_gives_identical_output() -> None:
     assert to_json(spec, other) != to_json(spec, first)
 
 
-def test_no_admission_thrashes_past_the_capacity_while_ours_keeps_its_cache() -> None:
+def test_stock_routing_thrashes_past_the_capacity_while_ours_keeps_its_cache() -> None:
     # The parity policy: program-aware admission without the extensions, some of which
     # trade hit rate for throughput where recompute is cheap (docs/benchmarks.md).
-    spec = SweepSpec(scenario=_small(), arms=("ours", "no-admission"), agents=(5, 30),
+    spec = SweepSpec(scenario=_small(), arms=("ours", "stock"), agents=(5, 30),
                      policy=str(PARITY_POLICY))
     hit = {(r.arm, r.agents): r.hit_rate or 0.0 for r in run_sweep(spec)}
-    assert hit[("no-admission", 5)] > 0.8
-    assert hit[("no-admission", 30)] < 0.5  # caches evicted during tool calls
+    assert hit[("stock", 5)] > 0.8
+    assert hit[("stock", 30)] < 0.5  # caches evicted during tool calls
     assert hit[("ours", 30)] > 0.85
-    assert hit[("ours", 30)] > hit[("no-admission", 30)] + 0.3
+    assert hit[("ours", 30)] > hit[("stock", 30)] + 0.3
 
 
 @pytest.mark.parametrize("arm_name", ["ours", "upstream"])
@@ -220,20 +220,20 @@ def test_upstream_marks_every_reasoning_program_once_no_acting_one_is_left() -> 
 
 def test_bench_sim_prints_json_with_figures_per_arm(capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(["bench", "sim", "--regime", "cheap-recompute", "--agents", "3",
-                     "--arms", "ours,no-admission", "--window-s", "20", "--warmup-s", "5",
+                     "--arms", "ours,stock", "--window-s", "20", "--warmup-s", "5",
                      "--json"])
     assert code == 0
     data = json.loads(capsys.readouterr().out)
-    assert [r["arm"] for r in data["results"]] == ["ours", "no-admission"]
+    assert [r["arm"] for r in data["results"]] == ["ours", "stock"]
     assert all("steps_per_min" in r and "hit_rate" in r for r in data["results"])
 
 
 def test_bench_sim_prints_a_markdown_table(capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(["bench", "sim", "--regime", "cheap-recompute", "--agents", "2,4",
-                     "--arms", "no-admission,upstream", "--window-s", "20", "--warmup-s", "5"])
+                     "--arms", "stock,upstream", "--window-s", "20", "--warmup-s", "5"])
     assert code == 0
     out = capsys.readouterr().out
-    assert "| N | no-admission | upstream |" in out and "| 4 | upstream |" in out
+    assert "| N | stock | upstream |" in out and "| 4 | upstream |" in out
 
 
 def test_bench_sim_names_a_bad_policy(tmp_path: Path,

@@ -10,7 +10,7 @@ out=${1:-bench-results/sim-ablations}
 mkdir -p "$out"
 dta=(.venv/bin/python -m dynamo_thunderagent bench sim --jobs 1 --json)
 for regime in calibrated cheap-recompute; do
-  "${dta[@]}" --regime "$regime" --arms ours,no-admission,ttl-pinning,upstream \
+  "${dta[@]}" --regime "$regime" --arms ours,stock,ttl-pinning,upstream \
     --policy policies/thunderagent-extended.yaml > "$out/$regime.base.json"
   "${dta[@]}" --regime "$regime" --arms ours --policy policies/thunderagent.yaml \
     > "$out/$regime.parity.json"
@@ -29,7 +29,7 @@ MECHANISMS = ["resume_on_events", "resume_affinity", "max_wait_seconds", "min_re
 for regime in ("calibrated", "cheap-recompute"):
     base = json.loads((out / f"{regime}.base.json").read_text())
     top = base["agents"][-2:]
-    stock = {r["agents"]: r for r in base["results"] if r["arm"] == "no-admission"}
+    stock = {r["agents"]: r for r in base["results"] if r["arm"] == "stock"}
 
     def cells(results, arm="ours"):
         rows = {r["agents"]: r for r in results if r["arm"] == arm}
@@ -38,10 +38,10 @@ for regime in ("calibrated", "cheap-recompute"):
             f" / {rows[n]['hit_rate']:.3f} / {rows[n]['wait_max_s'] or 0:.0f} s / {rows[n]['pauses']}"
             for n in top)
 
-    print(f"\n### {regime}: steps/min (x no-admission) / hit rate / max wait / pauses, N = {top}\n")
+    print(f"\n### {regime}: steps/min (x stock) / hit rate / max wait / pauses, N = {top}\n")
     print("| variant | " + " | ".join(f"N={n}" for n in top) + " |")
     print("|---|" + "---|" * len(top))
-    for arm in ("no-admission", "ttl-pinning", "upstream"):
+    for arm in ("stock", "ttl-pinning", "upstream"):
         print(f"| {arm} | {cells(base['results'], arm)} |")
     print(f"| parity | {cells(json.loads((out / f'{regime}.parity.json').read_text())['results'])} |")
     print(f"| extended (default) | {cells(base['results'])} |")

@@ -11,7 +11,8 @@ simulated clock.
   asyncio shell drives it (submit on arrival, ``sent`` on routing, ``completed`` with the
   context tokens, ``tick`` every ``scheduler_interval_seconds``), and the policy's worker
   selector choosing among workers by load.
-* ``no-admission``: request-level KV routing, no gate (stock Dynamo ``--router-mode kv``).
+* ``stock``: request-level KV routing, no gate (stock Dynamo ``--router-mode kv``; live's
+  ``stock`` arm).
 * ``ttl-pinning``: KV routing plus Continuum-style pinning of a program's cache for a TTL
   after each turn, no gate.
 * ``upstream``: the upstream ThunderAgent proxy's rules, expressed as our scheduler with the
@@ -43,7 +44,7 @@ from dynamo_thunderagent.program import Lifecycle, Phase, PrefixBlocks, RequestS
 from dynamo_thunderagent.scheduler import Scheduler
 from dynamo_thunderagent.selector import ThunderAgentSelector, WorkerLoad, WorkerSelector
 
-ARM_NAMES = ("ours", "no-admission", "ttl-pinning", "upstream")
+ARM_NAMES = ("ours", "stock", "ttl-pinning", "upstream")
 
 # Arm ours runs the shipped extended policy, like the live stack; an installed package
 # without the policies folder falls back to the parameter defaults.
@@ -140,10 +141,10 @@ def kv_route(cluster: Cluster, request: SimRequest, bound: int | None,
     return best
 
 
-class NoAdmissionArm(Arm):
+class StockArm(Arm):
     """Stock KV routing with soft session affinity: every turn is routed at once."""
 
-    name = "no-admission"
+    name = "stock"
 
     def __init__(self, affinity_slack: float = 0.1) -> None:
         super().__init__()
@@ -160,7 +161,7 @@ class NoAdmissionArm(Arm):
         self._bound.pop(session_id, None)
 
 
-class TtlPinningArm(NoAdmissionArm):
+class TtlPinningArm(StockArm):
     """Continuum-style: KV routing with affinity, and each program's cache pinned for a TTL.
 
     After a turn completes, the program's cached chain on that worker is not evictable for
@@ -353,8 +354,8 @@ def build_arm(name: str, *, policy: str | Path | None, ttl_s: float,
     """A fresh arm by name (one of :data:`ARM_NAMES`); each run needs its own."""
     if name == "ours":
         return build_ours(policy, clock)
-    if name == "no-admission":
-        return NoAdmissionArm()
+    if name == "stock":
+        return StockArm()
     if name == "ttl-pinning":
         return TtlPinningArm(ttl_s)
     if name == "upstream":
@@ -363,7 +364,7 @@ def build_arm(name: str, *, policy: str | Path | None, ttl_s: float,
 
 
 def parse_arms(text: str) -> Sequence[str]:
-    """``"ours,no-admission"`` -> names, validated, order kept, duplicates dropped."""
+    """``"ours,stock"`` -> names, validated, order kept, duplicates dropped."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in ARM_NAMES]
     if unknown or not names:

@@ -192,7 +192,7 @@ def _f(value: float | None, digits: int = 1) -> str:
 def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
     """The sweep as markdown: setup, steps/min by N, then every figure per (N, arm)."""
     s = spec.scenario
-    baseline = {r.agents: r.steps_per_min for r in results if r.arm == "no-admission"}
+    baseline = {r.agents: r.steps_per_min for r in results if r.arm == "stock"}
     lines = [
         f"### bench sim: {s.regime} regime, seed {spec.seed}",
         "",
@@ -205,7 +205,7 @@ def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
         f"- window: {s.window_s:g} s after {s.warmup_s:g} s warm-up (simulated); "
         f"ours: {spec.policy or DEFAULT_POLICY.name}; ttl-pinning TTL {spec.ttl_s:.2f} s",
         "",
-        "steps/min (x no-admission):",
+        "steps/min (x stock):",
         "",
         "| N | " + " | ".join(spec.arms) + " |",
         "|---|" + "---|" * len(spec.arms),
@@ -216,7 +216,7 @@ def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
         for arm in spec.arms:
             r = by_key[(n, arm)]
             ratio = (f" ({r.steps_per_min / baseline[n]:.2f}x)"
-                     if baseline.get(n) and arm != "no-admission" else "")
+                     if baseline.get(n) and arm != "stock" else "")
             cells.append(f"{r.steps_per_min:.0f}{ratio}")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines += [

@@ -1,0 +1,171 @@
+"""Supervision: the stack's child processes, their ports, logs and process groups.
+
+Each process runs in its own process group (it leads its own session), so signalling the
+group reaches exactly that process and whatever it spawned, and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from dynamo_thunderagent.stack.topology import LOOPBACK, http_url
+
+Role = Literal["broker", "worker", "router", "frontend"]
+
+_PR_SET_PDEATHSIG = 1
+# DYN_SYSTEM_PORT must fit an i16 in Dynamo 1.6.1.
+SYSTEM_PORT_RANGE = (20000, 32767)
+
+
+class StackError(RuntimeError):
+    """The stack failed to start or a process died; the message carries the log tails."""
+
+
+@dataclass
+class StackProcess:
+    """One child process of the stack."""
+
+    name: str
+    role: Role
+    argv: list[str]
+    log_path: Path
+    system_port: int | None
+    popen: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Prometheus endpoint of the process's Dynamo system server, if it has one."""
+        if self.system_port is None:
+            return None
+        return http_url(self.system_port, "/metrics")
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def free_system_port() -> int:
+    """A free port for ``DYN_SYSTEM_PORT``, which Dynamo 1.6.1 parses as an i16 (<= 32767).
+
+    The OS hands out ephemeral ports above that, so pick at random below the ephemeral range
+    and keep the first one that binds.
+    """
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randint(SYSTEM_PORT_RANGE[0], SYSTEM_PORT_RANGE[1])
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            return port
+    raise StackError(f"no free port in {SYSTEM_PORT_RANGE} for DYN_SYSTEM_PORT")
+
+
+def _die_with_parent() -> None:
+    """Child-side: get SIGTERM if the parent dies, so a killed test leaves no orphans (Linux)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def log_path(run_dir: Path, name: str) -> Path:
+    """Where the process called ``name`` logs (stdout and stderr together)."""
+    return run_dir / "logs" / f"{name}.log"
+
+
+def spawn(
+    name: str,
+    role: Role,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    run_dir: Path,
+    system_port: int | None,
+) -> StackProcess:
+    """Start one process in its own session, logging to ``<run_dir>/logs/<name>.log``.
+
+    The log is appended to (a restarted process continues its predecessor's log) and starts
+    with the command line.
+    """
+    path = log_path(run_dir, name)
+    proc_env = dict(env)
+    if system_port is not None:
+        proc_env["DYN_SYSTEM_PORT"] = str(system_port)
+    with path.open("ab") as log:
+        log.write(f"$ {' '.join(argv)}\n".encode())
+        log.flush()
+        popen = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=proc_env,
+            cwd=str(run_dir),
+            start_new_session=True,  # own process group: stop() signals exactly this group
+            preexec_fn=_die_with_parent,
+        )
+    return StackProcess(name, role, list(argv), path, system_port, popen)
+
+
+def signal_group(proc: StackProcess, sig: signal.Signals) -> None:
+    """Send ``sig`` to the process group ``proc`` leads; a group already gone is no error."""
+    # The child leads its own session, so its pgid equals its pid; signal nothing else.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def end(proc: StackProcess, sig: signal.Signals, grace_s: float) -> None:
+    """Signal one process group, then SIGKILL what is left after ``grace_s``."""
+    signal_group(proc, sig)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.popen.wait(timeout=grace_s)
+    signal_group(proc, signal.SIGKILL)
+    proc.popen.wait(timeout=5.0)
+
+
+def stop_all(procs: Sequence[StackProcess], grace_s: float) -> None:
+    """SIGTERM every group, wait up to ``grace_s`` for all, then SIGKILL what is left.
+
+    Signalled in the given order; the final SIGKILL also catches grandchildren left in a
+    group after its leader exited.
+    """
+    for proc in procs:
+        signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        remaining = max(0.0, deadline - time.monotonic())
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(timeout=remaining)
+    for proc in procs:
+        signal_group(proc, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(timeout=5.0)
