@@ -82,6 +82,10 @@ Output (``--out DIR``, default ``bench-results/<UTC timestamp>/``)
 ``by_n`` with every N); ``report["regimes"][regime]["arms"]`` the same per regime. Progress
 goes to stderr. Exit status: 0 when every run finished with zero errors, 1 otherwise, 2 for
 bad options.
+
+(This module is over 400 lines because this docstring, the command's reference, is about
+110 of them; the sweep plan, the figures and the report live in ``live_sweep``,
+``live_report`` and ``live_observer``.)
 """
 
 from __future__ import annotations
@@ -101,8 +105,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dynamo_thunderagent.bench.calibration.mocker import StackGeometry
+from dynamo_thunderagent.bench.live_observer import Observer
 from dynamo_thunderagent.bench.live_report import (
-    Observer,
     build_report,
     make_row,
     render_markdown,

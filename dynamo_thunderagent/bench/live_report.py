@@ -5,29 +5,16 @@ See :mod:`dynamo_thunderagent.bench.live` for the definitions of the figures.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dynamo_thunderagent.bench.live_sweep import RunKey
 from dynamo_thunderagent.bench.metrics import percentile
-from dynamo_thunderagent.bench.runner import ArmResult, get_json
-from dynamo_thunderagent.stack.arms import BASELINE_ARM, Arm
-
-if TYPE_CHECKING:
-    from dynamo_thunderagent.bench.driver import RunResult
-    from dynamo_thunderagent.stack.launcher import LocalStack
+from dynamo_thunderagent.bench.runner import ArmResult
+from dynamo_thunderagent.stack.arms import BASELINE_ARM
 
 SCHEMA = "dynamo-thunderagent/bench-live/v1"
 
-
-
-
-# ============================================================================================
-# Observers: scheduler figures per arm
-# ============================================================================================
 
 def time_weighted(samples: Sequence[tuple[float, float]], start: float, stop: float,
                   initial: float = 0.0) -> tuple[float | None, float | None]:  # fmt: skip
@@ -69,78 +56,6 @@ EMPTY_FIGURES: dict[str, Any] = {
     "admission_wait_p99_s": None,
     "admission_wait_max_s": None,
 }
-
-
-class Observer:
-    """Collects an arm's scheduler figures: what :meth:`Arm.figures` reads, over one run.
-
-    It is the arm's :class:`~dynamo_thunderagent.stack.arms.ObservedRun`: the logs written
-    since :meth:`start`, our router's ``/state`` (polled for the paused count while the run
-    lasts, when the stack serves one), and time-weighted means over the steady window
-    ``window = (warmup_s, window_s)`` relative to the run's start. Figures an arm cannot
-    measure stay None (:data:`EMPTY_FIGURES`).
-    """
-
-    def __init__(self, arm: Arm, window: tuple[float, float], poll_s: float = 1.0) -> None:
-        self.arm = arm
-        self.window = window
-        self.poll_s = poll_s
-        self.t0 = 0.0
-        self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._log_offsets: dict[str, int] = {}
-        self._stack: LocalStack | None = None
-
-    def start(self, stack: LocalStack) -> None:
-        self.t0 = time.time()
-        self._stack = stack
-        for proc in stack.processes:
-            with contextlib.suppress(OSError):
-                self._log_offsets[proc.name] = proc.log_path.stat().st_size
-        if stack.state_url is not None:
-            url = stack.state_url
-            self._thread = threading.Thread(target=self._poll, args=(url,), daemon=True)
-            self._thread.start()
-
-    def _poll(self, url: str) -> None:
-        while not self._stop.is_set():
-            state = get_json(url, timeout=2.0)
-            if state is not None:
-                paused = (state.get("scheduler") or {}).get("paused")
-                if isinstance(paused, int):
-                    self.samples.append((time.time(), float(paused)))
-            self._stop.wait(self.poll_s)
-
-    # ----- ObservedRun ---------------------------------------------------------------------
-
-    def log(self, role: str) -> str:
-        for proc in self._stack.processes if self._stack is not None else ():
-            if proc.role == role:
-                with contextlib.suppress(OSError), proc.log_path.open("rb") as fh:
-                    fh.seek(self._log_offsets.get(proc.name, 0))
-                    return fh.read().decode("utf-8", errors="replace")
-        return ""
-
-    def state(self) -> dict[str, Any] | None:
-        url = self._stack.state_url if self._stack is not None else None
-        return get_json(url) if url else None
-
-    def state_samples(self) -> Sequence[tuple[float, float]]:
-        return self.samples
-
-    def paused(self, samples: Sequence[tuple[float, float]]) -> tuple[float | None, float | None]:
-        lo, hi = self.window
-        return time_weighted(samples, self.t0 + lo, self.t0 + hi)
-
-    def finish(self, stack: LocalStack, run: RunResult) -> dict[str, Any]:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=5.0)
-        self._stack = stack
-        figures = dict(EMPTY_FIGURES)
-        figures.update(self.arm.figures(self))
-        return figures
 
 
 # ============================================================================================
