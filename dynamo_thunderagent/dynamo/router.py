@@ -73,10 +73,8 @@ class EngineError(Exception):
 
 def _client_error(message: str) -> Exception:
     """An exception Dynamo's frontend turns into an HTTP error that keeps ``message``."""
-    try:
-        from dynamo.llm.exceptions import InvalidArgument
-    except ImportError:  # unit tests without Dynamo installed
-        return RuntimeError(message)
+    from dynamo.llm.exceptions import InvalidArgument  # the runtime's, loaded on first use
+
     error: Exception = InvalidArgument(message)
     return error
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -43,8 +44,6 @@ from dynamo_thunderagent.policy_files import EXTENDED_POLICY
 from dynamo_thunderagent.program import Lifecycle, Phase, PrefixBlocks, RequestState, WorkerKey
 from dynamo_thunderagent.scheduler import Scheduler
 from dynamo_thunderagent.selector import ThunderAgentSelector, WorkerLoad, WorkerSelector
-
-ARM_NAMES = ("ours", "stock", "ttl-pinning", "upstream")
 
 # Arm ours runs the shipped extended policy, like the live stack; an installed package
 # without the policies folder falls back to the parameter defaults.
@@ -349,18 +348,33 @@ def build_upstream() -> ProgramArm:
                       ThunderAgentSelector(EmptyParameters()))
 
 
+@dataclass(frozen=True)
+class ArmSettings:
+    """What building a simulator arm may need: ours' policy, the TTL, the simulated clock."""
+
+    policy: str | Path | None
+    ttl_s: float
+    clock: Callable[[], float]
+
+
+# The simulator's arms by name, in their default order; each entry builds a fresh arm (each
+# run needs its own). Adding an arm is one entry here.
+ARM_BUILDERS: dict[str, Callable[[ArmSettings], Arm]] = {
+    "ours": lambda s: build_ours(s.policy, s.clock),
+    "stock": lambda s: StockArm(),
+    "ttl-pinning": lambda s: TtlPinningArm(s.ttl_s),
+    "upstream": lambda s: build_upstream(),
+}
+ARM_NAMES = tuple(ARM_BUILDERS)
+
+
 def build_arm(name: str, *, policy: str | Path | None, ttl_s: float,
               clock: Callable[[], float]) -> Arm:
-    """A fresh arm by name (one of :data:`ARM_NAMES`); each run needs its own."""
-    if name == "ours":
-        return build_ours(policy, clock)
-    if name == "stock":
-        return StockArm()
-    if name == "ttl-pinning":
-        return TtlPinningArm(ttl_s)
-    if name == "upstream":
-        return build_upstream()
-    raise ValueError(f"unknown arm {name!r}; choose from {', '.join(ARM_NAMES)}")
+    """A fresh arm by name (one of :data:`ARM_NAMES`)."""
+    builder = ARM_BUILDERS.get(name)
+    if builder is None:
+        raise ValueError(f"unknown arm {name!r}; choose from {', '.join(ARM_NAMES)}")
+    return builder(ArmSettings(policy, ttl_s, clock))
 
 
 def parse_arms(text: str) -> Sequence[str]:
