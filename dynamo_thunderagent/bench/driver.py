@@ -21,6 +21,12 @@ Contract of a run (:func:`run_closed_loop`):
   the generated length: turn ``k``'s prompt extends turn ``k-1``'s token for token, which is
   what prefix caching needs. (The mocker emits random ids; its text would be just as
   stable, but synthetic replies keep runs reproducible across arms.) How: ``bench/prompts.py``.
+* A compaction turn's prompt shares only the system prompt with the previous one.
+* A fan-out turn's subagents run concurrently once the turn's reply is in, each with its own
+  session id, ``X-Dynamo-Parent-Session-ID: <parent>`` and a session-final (or release) of
+  its own; the parent's tool is over when the last of them has ended, plus the turn's
+  ``tool_seconds``. Subagents run inside the parent's slot: N counts parents, and their
+  records carry the parent's agent number and session id.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from dynamo_thunderagent.bench.workload import AgentPlan
 
 SESSION_HEADER = "X-Dynamo-Session-ID"
 FINAL_HEADER = "X-Dynamo-Session-Final"
+PARENT_HEADER = "X-Dynamo-Parent-Session-ID"
 
 @dataclass(frozen=True)
 class Progress:
@@ -146,17 +153,20 @@ class _Run:
             record.end = self.now()
             self.in_flight.pop(key, None)
 
-    async def session_final(self, agent: int, plan: AgentPlan, kind: RecordKind) -> None:
-        record = TurnRecord(kind, agent, plan.session_id, len(plan.turns), self.now(), 0.0, 0, 1)
+    async def session_final(
+        self, agent: int, plan: AgentPlan, kind: RecordKind, parent: str | None = None
+    ) -> None:
+        record = TurnRecord(kind, agent, plan.session_id, len(plan.turns), self.now(), 0.0, 0, 1,
+                            parent_session_id=parent)  # fmt: skip
         await self.request(
             record,
             [{"role": "user", "content": "done"}],
             1,
-            {SESSION_HEADER: plan.session_id, FINAL_HEADER: "true"},
+            {**_session_headers(plan.session_id, parent), FINAL_HEADER: "true"},
             min(self.request_timeout_s, 10.0),
         )
 
-    async def run_agent(self, agent: int, plan: AgentPlan) -> bool:
+    async def run_agent(self, agent: int, plan: AgentPlan, parent: str | None = None) -> bool:
         """Run one plan until it ends, fails, or the window closes; True if it finished."""
         history = History(plan, self.text, self.overhead, self.job)
         for k, turn in enumerate(plan.turns):
@@ -166,21 +176,38 @@ class _Run:
             record = TurnRecord(
                 "turn", agent, plan.session_id, k, self.now(), 0.0,
                 plan.prompt_tokens(k), turn.output_tokens,
+                parent_session_id=parent, compaction=k > 0 and turn.compaction,
             )  # fmt: skip
             await self.request(
                 record,
                 list(history.messages),
                 turn.output_tokens,
-                {SESSION_HEADER: plan.session_id},
+                _session_headers(plan.session_id, parent),
                 self.request_timeout_s,
             )
             if record.error is not None:
                 return False
+            if turn.subagents:
+                # The parent's tool is its subagents: run them all, wait for the last.
+                ended = await asyncio.gather(
+                    *(self.run_subagent(agent, sub, plan.session_id) for sub in turn.subagents)
+                )
+                if not all(ended):
+                    return False
             if k < len(plan.turns) - 1:
                 # The tool runs; the window may close meanwhile (then the loop stops).
                 remaining = max(0.0, self.window_s - self.now())
                 await asyncio.sleep(min(turn.tool_seconds, remaining))
         return True
+
+    async def run_subagent(self, agent: int, plan: AgentPlan, parent: str) -> bool:
+        """Run a subagent to its end, then send its session-final (or release)."""
+        finished = await self.run_agent(agent, plan, parent)
+        if finished:
+            await self.session_final(agent, plan, "final", parent)
+        elif self.release_unfinished:
+            await self.session_final(agent, plan, "release", parent)
+        return finished
 
     async def slot(self) -> None:
         """One of the N agent slots: run plans back to back while the window is open."""
@@ -289,6 +316,13 @@ async def run_closed_loop(
     finally:
         with contextlib.suppress(Exception):
             await client.close()
+
+
+def _session_headers(session_id: str, parent: str | None) -> dict[str, str]:
+    headers = {SESSION_HEADER: session_id}
+    if parent is not None:
+        headers[PARENT_HEADER] = parent
+    return headers
 
 
 def _plan_stub(session_id: str) -> AgentPlan:

@@ -41,6 +41,12 @@ Workloads
   runs (10-20 turns, 500-token shared system prompt, 100-300 tool tokens and 32-64 generated
   tokens a turn, tool time lognormal with a 0.5 s median) on the mocker's built-in timing.
 * ``swe``: the synthetic SWE-agent shape (``WorkloadSpec()``), scaled like the trace.
+* ``long`` and ``fanout``: long coding-assistant sessions with compaction, and parents that
+  fan out to short subagents sharing a large system prompt (``bench/shapes.py``). Scaled
+  like the trace, and further by ``shape_token_factor`` where the regime's simulated worker
+  is smaller than the calibrated one (cheap-recompute), so that as many programs fit a
+  worker; subagents send their own session id, ``X-Dynamo-Parent-Session-ID`` and a
+  session-final of their own.
 
 Warm start: a short window would otherwise see only young agents (every agent starts at turn
 0 at once, so contexts never reach their steady-state sizes). The first N agents of a run
@@ -134,6 +140,7 @@ from dynamo_thunderagent.bench.runner import (
     RunSpec,
     run_stack,
 )
+from dynamo_thunderagent.bench.shapes import SHAPES, shape_token_factor
 
 # ============================================================================================
 # Progress
@@ -236,6 +243,9 @@ class LiveConfig:
             changes["trace"] = self.trace
         if self.token_scale is not None:
             changes["token_scale"] = self.token_scale
+        elif self.workload in SHAPES:
+            pool = REGIMES[regime].sim.pool_tokens
+            changes["token_scale"] = base.token_scale * shape_token_factor(pool)
         if self.time_scale is not None:
             changes["time_scale"] = self.time_scale
         if self.max_agents is not None:
@@ -474,7 +484,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--request-timeout", type=float, default=300.0, help="client timeout per request")
     a("--seed", type=int, default=0)
     a("--workload", choices=["auto", *WORKLOADS], default="auto",
-      help="agents: auto (calibrated: trace, cheap-recompute: toy), trace, swe, toy")
+      help="agents: auto (calibrated: trace, cheap-recompute: toy), trace, swe, toy, "
+      "long (sessions with compaction), fanout (parents with subagents)")
     a("--trace", type=Path, default=None, help="trace JSONL for --workload trace")
     a("--token-scale", type=float, default=None, help="override the regime's token scale")
     a("--time-scale", type=float, default=None, help="override the regime's time scale")

@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from dynamo_thunderagent.bench.regimes import REGIME_NAMES, regime_named
+from dynamo_thunderagent.bench.shapes import ALL_SYNTHETIC, SyntheticWorkload
 from dynamo_thunderagent.bench.workload import (
     DEFAULT_TRACE,
-    SYNTHETIC_WORKLOADS,
     TRACE_SYSTEM_TOKENS,
     AgentPlan,
-    WorkloadSpec,
     agent_stream,
     load_trace,
     replay_stream,
@@ -32,7 +31,7 @@ from dynamo_thunderagent.stack.arms import ARM_NAMES, ARMS, HEADLINE_ARMS, Arm, 
 
 DEFAULT_ARMS: tuple[str, ...] = ARM_NAMES
 QUICK_ARMS: tuple[str, ...] = HEADLINE_ARMS
-WORKLOADS: tuple[str, ...] = ("trace", *SYNTHETIC_WORKLOADS)
+WORKLOADS: tuple[str, ...] = ("trace", *ALL_SYNTHETIC)
 DEFAULT_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0)
 QUICK_FACTORS: tuple[float, ...] = (1.0, 3.0)
 SAMPLE_AGENTS = 256  # synthetic plans sampled to size the capacity
@@ -179,8 +178,8 @@ def default_setup(name: str) -> RegimeSetup:
     )
 
 
-def _scaled(spec: WorkloadSpec, setup: RegimeSetup) -> WorkloadSpec:
-    # Session ids name the workload (``toy-<seed>-<i>``, ``swe-<seed>-<i>``).
+def _scaled(spec: SyntheticWorkload, setup: RegimeSetup) -> SyntheticWorkload:
+    # Session ids name the workload (``toy-<seed>-<i>``, ``swe-<seed>-<i>``, ``long-...``).
     return dataclasses.replace(spec, token_scale=setup.token_scale, time_scale=setup.time_scale,
                                session_prefix=setup.workload)  # fmt: skip
 
@@ -192,7 +191,7 @@ def base_plans(setup: RegimeSetup, seed: int) -> Iterator[AgentPlan]:
         plans = _trace_plans(setup.trace, setup.token_scale, setup.time_scale,
                              setup.system_prompt_tokens)  # fmt: skip
         return replay_stream(plans, seed)
-    return agent_stream(_scaled(SYNTHETIC_WORKLOADS[setup.workload], setup), seed)
+    return agent_stream(_scaled(ALL_SYNTHETIC[setup.workload], setup), seed)
 
 
 _TRACE_CACHE: dict[tuple[str, float, float, int], list[AgentPlan]] = {}
@@ -206,28 +205,34 @@ def _trace_plans(path: Path, token_scale: float, time_scale: float, system: int)
 
 
 def with_overhead(plan: AgentPlan, seconds: float) -> AgentPlan:
-    """``plan`` with ``seconds`` added to every tool gap (not after the last turn)."""
+    """``plan`` with ``seconds`` added to every tool gap (not after the last turn), its
+    subagents' included."""
     if seconds <= 0:
         return plan
     last = len(plan.turns) - 1
     turns = tuple(
-        dataclasses.replace(t, tool_seconds=t.tool_seconds + seconds) if k < last else t
+        dataclasses.replace(
+            t, tool_seconds=t.tool_seconds + seconds,
+            subagents=tuple(with_overhead(s, seconds) for s in t.subagents),
+        ) if k < last else t
         for k, t in enumerate(plan.turns)
-    )
+    )  # fmt: skip
     return dataclasses.replace(plan, turns=turns)
 
 
 def start_at(plan: AgentPlan, turn: int) -> AgentPlan:
     """``plan`` joined at ``turn``: its first prompt is the whole history up to ``turn``.
 
-    The prompt sizes of the remaining turns are unchanged; the session id gets ``@<turn>``.
+    The prompt sizes of the remaining turns are unchanged (the joined turn starts the
+    history, so it is not a compaction); the session id gets ``@<turn>``.
     """
     if not 0 <= turn < len(plan.turns):
         raise ValueError(f"turn {turn} out of range for a plan of {len(plan.turns)} turns")
     if turn == 0:
         return plan
     first = dataclasses.replace(
-        plan.turns[turn], new_tokens=plan.prompt_tokens(turn) - plan.system_tokens
+        plan.turns[turn], new_tokens=plan.prompt_tokens(turn) - plan.system_tokens,
+        compaction=False,
     )
     return AgentPlan(f"{plan.session_id}@{turn}", plan.system_tokens,
                      (first, *plan.turns[turn + 1 :]))  # fmt: skip
@@ -249,7 +254,12 @@ def run_plans(setup: RegimeSetup, seed: int, agents: int) -> Iterator[AgentPlan]
 
 @dataclass(frozen=True)
 class WorkloadShape:
-    """Peak contexts of the workload (mocker tokens), for sizing."""
+    """Peak contexts of the workload (mocker tokens), for sizing.
+
+    ``mean_peak_tokens``: mean over agents of the most KV an agent holds at once, its
+    subagents included (``AgentPlan.peak_footprint_tokens``); ``max_peak_tokens``: the
+    largest single program (parent or subagent), which must fit one worker.
+    """
 
     mean_peak_tokens: float
     max_peak_tokens: int
@@ -264,8 +274,9 @@ def workload_shape(setup: RegimeSetup, seed: int) -> WorkloadShape:
                              setup.system_prompt_tokens)  # fmt: skip
     else:
         plans = list(islice(base_plans(setup, seed), SAMPLE_AGENTS))
-    peaks = [p.peak_context_tokens for p in plans]
-    return WorkloadShape(sum(peaks) / len(peaks), max(peaks), len(peaks))
+    peaks = [p.peak_footprint_tokens for p in plans]
+    largest = max(q.peak_context_tokens for p in plans for q in p.programs())
+    return WorkloadShape(sum(peaks) / len(peaks), largest, len(peaks))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ Definitions (one place, so every report means the same thing):
   could reuse, ``expected = min(prompt_k, prompt_j [+ completion_j])``, rounded down to whole
   KV blocks, minus what turn ``k`` found cached; never negative. Whether ``completion_j``
   counts depends on whether the client sends the reply back verbatim (``reuse_completion``):
-  the driver replaces replies by synthetic text, so it does not.
+  the driver replaces replies by synthetic text, so it does not. A turn that starts a new
+  history (a compaction) counts nothing as reusable, like a first turn.
 * **turn latency**: end - start of successful turns (admission wait, queueing, prefill and
   decode), nearest-rank p50 / p99.
 """
@@ -56,6 +57,10 @@ class RecordLike(Protocol):
     def error_type(self) -> str | None: ...
     @property
     def cancelled(self) -> bool: ...
+    @property
+    def parent_session_id(self) -> str | None: ...
+    @property
+    def compaction(self) -> bool: ...
 
 
 @dataclass
@@ -140,6 +145,8 @@ def recomputed_tokens(
         turns.sort(key=lambda r: r.turn)
         for prev, cur in itertools.pairwise(turns):
             assert prev.prompt_tokens is not None and cur.prompt_tokens is not None
+            if cur.compaction:
+                continue  # a new history: like a first turn, nothing of the last is reusable
             left = prev.prompt_tokens
             if reuse_completion:
                 left += prev.completion_tokens or 0
@@ -186,5 +193,7 @@ def summarize(
         errors=len(failed),
         errors_by_type=dict(Counter(r.error_type or "unknown" for r in failed)),
         cancelled=sum(1 for r in records if r.cancelled),
-        agents_completed=sum(1 for r in records if r.kind == "final"),
+        # A subagent's session-final ends a subagent, not an agent run.
+        agents_completed=sum(1 for r in records
+                             if r.kind == "final" and r.parent_session_id is None),
     )

@@ -5,7 +5,9 @@ prompt of turn ``k`` has the planned number of tokens (the chat template's own t
 measured once per run, :func:`measure_template_overhead`, and subtracted). The content of
 every message is a pure function of the session id and the message's position
 (:class:`History`), so turn ``k``'s prompt extends turn ``k-1``'s token for token, which is
-what prefix caching needs. Used by the closed-loop driver (``bench/driver.py``).
+what prefix caching needs; a compaction turn instead keeps only the system message and starts
+a history whose contents are keyed apart from the old one, so the two prompts share exactly
+the system prompt. Used by the closed-loop driver (``bench/driver.py``).
 """
 
 from __future__ import annotations
@@ -78,7 +80,9 @@ class History:
     """The message list of one agent, built so that each prompt has its planned length.
 
     Contents are keyed by ``(session_id, message index)``, so the history is a pure function
-    of the plan: the next turn's prompt extends this turn's prompt exactly.
+    of the plan: the next turn's prompt extends this turn's prompt exactly. After the ``n``-th
+    compaction the keys also carry ``n``: the new history's text has
+    nothing in common with the old one's beyond the system message.
     """
 
     def __init__(
@@ -93,6 +97,8 @@ class History:
         system = max(1, plan.system_tokens - overhead.base)
         # The system prompt is keyed by the job, not the session: all agents share it.
         self._append("system", system, f"{job}:system")
+        self._system_actual = self._actual
+        self._epoch = 0  # compactions so far
 
     def _append(self, role: str, content_tokens: int, key: str) -> None:
         self.messages.append({"role": role, "content": self._text.text(content_tokens, key)})
@@ -106,11 +112,17 @@ class History:
         """
         self._actual += self._overhead.message(role)
         content = max(1, target_total - self._actual)
-        self._append(role, content, f"{self.plan.session_id}:{len(self.messages)}")
+        epoch = f"compaction{self._epoch}:" if self._epoch else ""
+        self._append(role, content, f"{self.plan.session_id}:{epoch}{len(self.messages)}")
 
     def before_turn(self, turn: int) -> None:
-        """Append the turn's new tokens: the task (turn 0) or the previous tool's output."""
-        if turn > 0:
+        """Append the turn's new tokens: the task (turn 0), the previous tool's output, or
+        after a compaction the summary that replaces the whole history but the system prompt."""
+        if turn > 0 and self.plan.turns[turn].compaction:
+            del self.messages[1:]
+            self._actual = self._system_actual
+            self._epoch += 1
+        elif turn > 0:
             prev = self.plan.turns[turn - 1]
             self._append_planned(
                 "assistant", self.plan.prompt_tokens(turn - 1) + prev.output_tokens

@@ -25,7 +25,9 @@ class TurnRecord:
     agent that finished every turn), ``release`` (a session-final request for an agent the
     run stopped early). ``error`` is ``"<ExceptionType>: <message>"`` or None;
     ``cancelled`` marks a request cut off at the end of the drain. ``released``, ``worker``
-    and ``reusable_tokens`` are the simulator's (None in a live run).
+    and ``reusable_tokens`` are the simulator's (None in a live run). ``parent_session_id``:
+    the session that spawned this one, for a subagent's requests (None otherwise).
+    ``compaction``: the turn started a new history (it does not extend the previous prompt).
     """
 
     kind: RecordKind
@@ -45,6 +47,8 @@ class TurnRecord:
     released: float | None = None
     worker: int | None = None
     reusable_tokens: int | None = None
+    parent_session_id: str | None = None
+    compaction: bool = False
 
     @property
     def latency(self) -> float:

@@ -11,6 +11,15 @@ sum(output_tokens[0..k-1])`` tokens, and it extends the prompt of turn ``k-1``: 
 reuse a prefix cache can exploit, and what a scheduler destroys if it lets the cache of an
 ACTING program be evicted.
 
+Two things break that chain, and a turn says so itself. A *compaction* turn
+(``TurnPlan.compaction``) starts a new history: its prompt is the system prompt plus its own
+``new_tokens`` (a summary of what came before), so only the shared system prompt is reusable
+and the old history's cache is garbage; the sums above then start at the last compaction. A
+*fan-out* turn (``TurnPlan.subagents``) spawns subagents, programs of their own with their own
+session ids, that run concurrently while the parent waits: the parent's tool time for that
+turn is the time its subagents take, plus ``tool_seconds``. The shapes that use them live in
+``bench/shapes.py``.
+
 Everything here is pure and deterministic: the same spec and seed give the same plans, and
 agent ``i`` of a stream depends only on ``(seed, i)``, so a longer run extends a shorter one
 instead of reshuffling it. The only I/O is reading a trace file in :func:`load_trace`.
@@ -29,7 +38,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 ToolTimeKind = Literal["lognormal", "pareto"]
 
@@ -114,6 +123,9 @@ class WorkloadSpec:
     def scaled_system_tokens(self) -> int:
         return scale_tokens(self.system_prompt_tokens, self.token_scale)
 
+    def agent(self, index: int, seed: int) -> AgentPlan:
+        return make_agent(self, index, seed)
+
 
 # The synthetic workloads the benchmarks run, by name. ``swe``: the SWE-agent shape above.
 # ``toy``: the "measured here" agents of workload.md, sized for the mocker's default KV pool
@@ -136,13 +148,21 @@ SYNTHETIC_WORKLOADS: dict[str, WorkloadSpec] = {"swe": SWE_WORKLOAD, "toy": TOY_
 
 @dataclass(frozen=True)
 class TurnPlan:
-    """One turn: tokens appended before it, tokens generated, tool seconds after it."""
+    """One turn: tokens appended before it, tokens generated, tool seconds after it.
+
+    ``compaction``: the turn starts a new history (system prompt + ``new_tokens``) instead of
+    extending the previous prompt; ignored on turn 0, which always starts one.
+    ``subagents``: programs this turn's reply spawns; the tool that follows the turn waits
+    until all of them have ended, then takes ``tool_seconds`` more.
+    """
 
     new_tokens: int
     output_tokens: int
     tool_seconds: float
     # The trace's own LLM time for this step (scaled), for reference only; None if synthetic.
     llm_seconds: float | None = None
+    compaction: bool = False
+    subagents: tuple[AgentPlan, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -153,23 +173,77 @@ class AgentPlan:
     system_tokens: int
     turns: tuple[TurnPlan, ...]
 
+    def history_start(self, turn: int) -> int:
+        """The turn where the history that ``turn`` extends began (0 or a compaction)."""
+        for k in range(turn, 0, -1):
+            if self.turns[k].compaction:
+                return k
+        return 0
+
     def prompt_tokens(self, turn: int) -> int:
-        """Planned prompt length of ``turn``: system + all new tokens + earlier outputs."""
-        head = self.turns[: turn + 1]
+        """Planned prompt length of ``turn``: system + the new tokens and outputs of the
+        turns since the history began (turn 0 or the last compaction), ``turn``'s output
+        excluded."""
+        head = self.turns[self.history_start(turn) : turn + 1]
         return (
             self.system_tokens
             + sum(t.new_tokens for t in head)
             + sum(t.output_tokens for t in head[:-1])
         )
 
+    def context_tokens(self) -> list[int]:
+        """Context after each turn's generation (prompt + output), in one pass."""
+        contexts: list[int] = []
+        context = self.system_tokens
+        for k, t in enumerate(self.turns):
+            if k > 0 and t.compaction:
+                context = self.system_tokens
+            context += t.new_tokens + t.output_tokens
+            contexts.append(context)
+        return contexts
+
     @property
     def peak_context_tokens(self) -> int:
-        """Context after the last turn's generation: what the program occupies at its peak."""
-        return self.prompt_tokens(len(self.turns) - 1) + self.turns[-1].output_tokens
+        """The largest context the program reaches (prompt + output of some turn): what it
+        occupies at its peak. Without compaction that is the last turn's."""
+        return max(self.context_tokens())
+
+    @property
+    def peak_footprint_tokens(self) -> int:
+        """The most KV this program and the subagents it waits on hold at once.
+
+        At a fan-out turn: the parent's context plus every subagent's own footprint less the
+        system prompt they share with the parent (counted once). Without subagents it is
+        :attr:`peak_context_tokens`; this is what the sweeps size the KV knee by.
+        """
+        peak = 0
+        for context, t in zip(self.context_tokens(), self.turns, strict=True):
+            children = sum(
+                s.peak_footprint_tokens - min(s.system_tokens, self.system_tokens)
+                for s in t.subagents
+            )
+            peak = max(peak, context + children)
+        return peak
+
+    def programs(self) -> Iterator[AgentPlan]:
+        """This plan and, depth first, every subagent plan it spawns."""
+        yield self
+        for t in self.turns:
+            for sub in t.subagents:
+                yield from sub.programs()
 
     @property
     def tool_seconds(self) -> float:
         return sum(t.tool_seconds for t in self.turns)
+
+
+class AgentSource(Protocol):
+    """A seeded generator of agent programs (``WorkloadSpec`` and the shapes of
+    ``bench/shapes.py``): agent ``index`` depends only on ``(spec, seed, index)``."""
+
+    def agent(self, index: int, seed: int) -> AgentPlan:
+        """Agent ``index`` of the stream for ``seed``."""
+        ...
 
 
 def scale_tokens(count: int, factor: float, minimum: int = 0) -> int:
@@ -177,7 +251,8 @@ def scale_tokens(count: int, factor: float, minimum: int = 0) -> int:
     return max(minimum, math.floor(count * factor + 0.5))
 
 
-def _draw_tool_seconds(components: Sequence[ToolTimeComponent], rng: random.Random) -> float:
+def draw_tool_seconds(components: Sequence[ToolTimeComponent], rng: random.Random) -> float:
+    """One draw from a tool-time mixture: a component by weight, then its value."""
     total = sum(c.weight for c in components)
     pick = rng.random() * total
     for component in components:
@@ -197,7 +272,7 @@ def make_agent(spec: WorkloadSpec, index: int, seed: int) -> AgentPlan:
     for k in range(turn_count):
         new_raw = rng.randint(*(spec.first_turn_tokens if k == 0 else spec.tool_output_tokens))
         out_raw = rng.randint(*spec.output_tokens)
-        tool_raw = _draw_tool_seconds(spec.tool_time, rng)
+        tool_raw = draw_tool_seconds(spec.tool_time, rng)
         last = k == turn_count - 1
         turns.append(
             TurnPlan(
@@ -213,18 +288,18 @@ def make_agent(spec: WorkloadSpec, index: int, seed: int) -> AgentPlan:
     )
 
 
-def make_agents(spec: WorkloadSpec, count: int, seed: int) -> list[AgentPlan]:
+def make_agents(spec: AgentSource, count: int, seed: int) -> list[AgentPlan]:
     """The first ``count`` agents of the stream for ``(spec, seed)``."""
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
-    return [make_agent(spec, i, seed) for i in range(count)]
+    return [spec.agent(i, seed) for i in range(count)]
 
 
-def agent_stream(spec: WorkloadSpec, seed: int) -> Iterator[AgentPlan]:
+def agent_stream(spec: AgentSource, seed: int) -> Iterator[AgentPlan]:
     """An endless stream of agents; its first ``n`` equal ``make_agents(spec, n, seed)``."""
     index = 0
     while True:
-        yield make_agent(spec, index, seed)
+        yield spec.agent(index, seed)
         index += 1
 
 

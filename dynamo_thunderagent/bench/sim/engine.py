@@ -207,6 +207,14 @@ class Worker:
         if self.kv.unpin(chain):
             self.kick()  # freed memory may admit the queue head
 
+    def retire(self, chain: str) -> None:
+        """``chain``'s history was compacted away: its cache becomes garbage here."""
+        self._pins.pop(chain, None)
+        was_pinned = self.kv.is_pinned(chain)
+        self.kv.retire(chain)
+        if was_pinned:
+            self.kick()  # its blocks became evictable and may admit the queue head
+
     def _expire_pin(self, chain: str, serial: int) -> None:
         if self._pins.get(chain) == serial:
             self.unpin(chain)

@@ -27,6 +27,11 @@ while any running request holds it (reference counted).
 A hit stops at the first missing block: if the system chain has been trimmed, the program's
 own blocks are unreachable (their hashes chain through the missing block) even though they
 still occupy memory, exactly as in a hashed prefix cache.
+
+A compaction (the program's history replaced by a summary, ``TurnPlan.compaction``) makes
+its old chain garbage: no later prompt extends it, yet a real engine keeps its blocks cached
+until the LRU reaches them. :meth:`KvPool.retire` models exactly that: the old chain stays
+idle in its LRU place under a key no request uses, and the program starts a new chain.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ class KvPool:
         self.pinned_blocks = 0
         self.active_blocks = 0
         self.evicted_blocks = 0  # lifetime count, for reports
+        self._retired = 0  # garbage chains made so far (their keys are unique)
 
     # ---- queries ------------------------------------------------------------------
     def resident(self, chain: str) -> int:
@@ -180,6 +186,30 @@ class KvPool:
                 self.active_blocks -= blocks
                 self._idle[SYSTEM_CHAIN] = blocks
                 self.idle_blocks += blocks
+
+    def retire(self, chain: str) -> int:
+        """The history ``chain`` holds will never be extended again (a compaction): keep its
+        idle blocks cached, in their LRU place, as garbage no request can hit; return them.
+
+        A pinned chain loses its protection and goes to the LRU head (as if unpinned). An
+        active chain cannot be retired (its program has a turn running).
+        """
+        if chain in self._active:
+            raise RuntimeError(f"KV pool: chain {chain!r} is held by a running request")
+        self._retired += 1
+        garbage = f"\0retired-{self._retired}"  # session ids never contain NUL
+        if chain in self._idle:
+            # Rebuild to keep the LRU order: O(idle chains), once per compaction.
+            self._idle = OrderedDict(
+                (garbage if key == chain else key, blocks) for key, blocks in self._idle.items()
+            )
+            return self._idle[garbage]
+        if self.unpin(chain):
+            blocks = self._idle.pop(chain)
+            self._idle[garbage] = blocks
+            self._idle.move_to_end(garbage, last=False)
+            return blocks
+        return 0
 
     def pin(self, chain: str) -> bool:
         """Protect an idle chain from eviction; False if it is not idle here."""

@@ -17,6 +17,10 @@ definition in ``bench/regimes.py`` (the same the live harness reads):
   (``WorkloadSpec()``: 20-60 turns, ~30k-token peaks, the heavy-tailed tool mix of
   workload.md); without the trace file the preset falls back to it.
 
+``--workload long`` and ``--workload fanout`` run the shapes of ``bench/shapes.py`` (long
+sessions with compaction; parents fanning out to subagents) in either regime, their tokens
+scaled by ``shape_token_factor`` of the regime's worker pool (1 when calibrated).
+
 Every flag overrides one field of the chosen preset. Without ``--agents`` N is swept from
 the capacity: N agents whose mean *peak* context adds up to 0.5x, 1x, 1.5x, 2x and 3x the
 cluster's KV capacity (workload.md's sweep).
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamo_thunderagent.bench.regimes import REGIMES, regime_named
+from dynamo_thunderagent.bench.shapes import SHAPES, SyntheticWorkload, shape_token_factor
 from dynamo_thunderagent.bench.sim.arms import ARM_NAMES, DEFAULT_POLICY, build_arm, parse_arms
 from dynamo_thunderagent.bench.sim.engine import EngineConfig
 from dynamo_thunderagent.bench.sim.simulation import RunConfig, SimFigures, Simulation
@@ -68,7 +73,7 @@ class Scenario:
     workers: int
     blocks: int
     block_size: int
-    workload: WorkloadSpec
+    workload: SyntheticWorkload
     warmup_s: float
     window_s: float
     max_num_seqs: int = 256
@@ -125,9 +130,10 @@ def sample_plans(scenario: Scenario, seed: int) -> list[AgentPlan]:
 
 def sweep_agents(scenario: Scenario, seed: int,
                  factors: Sequence[float] = SWEEP_FACTORS) -> list[int]:
-    """N values whose total mean peak context is ``factors`` x the cluster's capacity."""
+    """N values whose total mean peak context (subagents included:
+    ``AgentPlan.peak_footprint_tokens``) is ``factors`` x the cluster's capacity."""
     plans = sample_plans(scenario, seed)
-    peak = sum(p.peak_context_tokens for p in plans) / len(plans)
+    peak = sum(p.peak_footprint_tokens for p in plans) / len(plans)
     knee = scenario.capacity_tokens / peak
     return sorted({max(1, round(f * knee)) for f in factors})
 
@@ -237,7 +243,9 @@ def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _describe_workload(w: WorkloadSpec) -> str:
+def _describe_workload(w: SyntheticWorkload) -> str:
+    if not isinstance(w, WorkloadSpec):
+        return w.describe()
     return (f"synthetic, {w.turns[0]}-{w.turns[1]} turns, system prompt "
             f"{w.system_prompt_tokens} tokens, first turn {w.first_turn_tokens[0]}-"
             f"{w.first_turn_tokens[1]}, +{w.tool_output_tokens[0]}-{w.tool_output_tokens[1]} "
@@ -283,9 +291,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, help="tokens per KV block")
     parser.add_argument("--max-num-seqs", type=int, help="running requests per worker")
     parser.add_argument("--max-num-batched-tokens", type=int, help="token budget per pass")
-    parser.add_argument("--workload", choices=("trace", "synthetic"),
+    parser.add_argument("--workload", choices=("trace", "synthetic", *SHAPES),
                         help="replay a trace or generate agents (preset: calibrated replays "
-                        "the shipped trace, cheap-recompute is synthetic)")
+                        "the shipped trace, cheap-recompute is synthetic); long: sessions "
+                        "with compaction, fanout: parents with subagents")
     parser.add_argument("--trace", help="replay this JSONL trace (implies --workload trace)")
     parser.add_argument("--token-scale", type=float, help="multiply every token count")
     parser.add_argument("--time-scale", type=float, help="multiply every tool time")
@@ -316,14 +325,20 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             if value <= 0 and flag != "warmup_s":
                 raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
             overrides[flag] = value
+    workload = scenario.workload
     if args.trace is not None:
-        if args.workload == "synthetic":
-            raise ValueError("--trace and --workload synthetic contradict each other")
+        if args.workload is not None and args.workload != "trace":
+            raise ValueError(f"--trace and --workload {args.workload} contradict each other")
         if not Path(args.trace).is_file():
             raise ValueError(f"--trace: no such file {args.trace}")
         overrides["trace"] = args.trace
     elif args.workload == "synthetic":
         overrides["trace"] = None
+    elif args.workload in SHAPES:
+        overrides["trace"] = None
+        # Sized for the regime's preset worker (--blocks then changes the pressure only).
+        pool = scenario.blocks * scenario.block_size
+        workload = replace(SHAPES[args.workload], token_scale=shape_token_factor(pool))
     elif args.workload == "trace" and scenario.trace is None:
         if not DEFAULT_TRACE.is_file():
             raise ValueError(f"--workload trace: the shipped trace {DEFAULT_TRACE} is missing; "
@@ -331,7 +346,6 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         overrides["trace"] = str(DEFAULT_TRACE)
     if args.no_reuse_output:
         overrides["reuse_output"] = False
-    workload = scenario.workload
     if args.token_scale is not None:
         workload = replace(workload, token_scale=args.token_scale)
     if args.time_scale is not None:

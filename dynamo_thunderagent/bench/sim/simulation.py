@@ -9,6 +9,15 @@ every agent ends at its next tool boundary with a session-final (the live driver
 ``release``), and the run goes on until all have ended (or ``drain_limit_s`` passes), so
 that a scheduler's end state can be checked.
 
+A compaction turn (``TurnPlan.compaction``) starts a new history: its prompt is the system
+prompt plus the summary, the program's old chain becomes garbage on every worker
+(``KvPool.retire``), and only the system prompt can be hit; like a first turn, it counts
+nothing as reusable (so compactions add no recomputed tokens). A fan-out turn
+(``TurnPlan.subagents``) starts its subagents at once, as programs of their own (own session
+id, own session-final) in the parent's slot; the parent's next turn is sent when the last of
+them has ended, plus the turn's tool time: the closed loop waits on them as the live driver
+does. Subagents do not count as completed agents.
+
 Figures (:class:`SimFigures`) count turns that *finished* inside the steady window
 ``[warmup_s, warmup_s + window_s)``, the definitions of ``bench/metrics.py``:
 
@@ -118,6 +127,8 @@ class _Agent:
     context: int = 0  # tokens of the history after the last finished turn
     reusable: int = 0  # of which the cache can serve on the next turn (whole blocks)
     worker: int | None = None
+    parent: _Agent | None = None  # the agent that spawned this one (a subagent)
+    waiting: int = 0  # subagents this agent waits for
 
 
 class Simulation:
@@ -202,6 +213,12 @@ class Simulation:
             return
         now = self.loop.now
         step = agent.plan.turns[agent.turn]
+        if agent.turn > 0 and step.compaction:
+            # A new history: the old chain is garbage, only the system prompt can be hit.
+            for worker in self._cluster.workers:
+                worker.retire(agent.plan.session_id)
+            agent.context = agent.plan.system_tokens
+            agent.reusable = 0
         prompt = agent.context + step.new_tokens
         request = SimRequest(
             request_id=f"{agent.plan.session_id}/{agent.turn}",
@@ -233,6 +250,8 @@ class Simulation:
             prompt_tokens=request.prompt_tokens, cached_tokens=request.cached_tokens,
             completion_tokens=request.output_tokens, released=request.released_at,
             worker=request.worker, reusable_tokens=request.reusable_tokens,
+            parent_session_id=agent.parent.plan.session_id if agent.parent else None,
+            compaction=request.turn > 0 and agent.plan.turns[request.turn].compaction,
         ))  # fmt: skip
         size = self.config.engine.block_size
         agent.context = request.context_tokens
@@ -244,15 +263,29 @@ class Simulation:
         if agent.turn >= len(agent.plan.turns) or self.stopping:
             self._end_agent(agent, completed=agent.turn >= len(agent.plan.turns))
             return
+        if step.subagents:
+            agent.waiting = len(step.subagents)
+            for sub in step.subagents:
+                child = _Agent(agent.slot, sub, context=sub.system_tokens, parent=agent)
+                self._agents[sub.session_id] = child
+                self._send(child)
+            return
         delay = step.tool_seconds + self.config.client_overhead_s
         self.loop.at(now + delay, lambda: self._send(agent))
 
     def _end_agent(self, agent: _Agent, *, completed: bool) -> None:
         del self._agents[agent.plan.session_id]
-        if completed and self._window_start <= self.loop.now < self._window_end:
+        parent = agent.parent
+        if parent is None and completed and self._window_start <= self.loop.now < self._window_end:
             self.agents_completed += 1
         self.arm.session_final(agent.plan.session_id)
-        if not self.stopping:
+        if parent is not None:
+            parent.waiting -= 1
+            if parent.waiting == 0:  # the fan-out's tool returns: the parent goes on
+                delay = (parent.plan.turns[parent.turn - 1].tool_seconds
+                         + self.config.client_overhead_s)
+                self.loop.at(self.loop.now + delay, lambda: self._send(parent))
+        elif not self.stopping:
             self._start_agent(agent.slot)
 
     def _tick(self) -> None:
