@@ -154,6 +154,14 @@ class ThunderAgentParameters(_Strict):
     (parity: an idle program stays charged until ``session_retention_seconds``)."""
     idle_horizon_min_seconds: float = Field(0.5, ge=0.0, le=DAY)
     """Lower bound of every idle horizon (used while there is no evidence at all)."""
+    price_moves: bool = False
+    """A move is a decision with a price: moving a paused program off the worker/rank
+    that holds its cache costs a re-prefill of its context there (measured from the
+    engine's timings), which holds up every turn running on that rank. Its turn waits
+    for room at home until it has waited as long as that stall (re-prefill time x turns
+    running per rank), then moves: waiting longer could cost more than the move, moving
+    sooner pays for room that home may free in time. A program whose pause would not
+    pay resumes at home. Until the engine's costs are measured, moves are free (parity)."""
     pause_rule: Literal["parity", "upstream"] = "parity"
     """Which pause rule relieves pressure (dynamo_thunderagent.pressure): the paper's
     (parity), or the upstream ThunderAgent proxy's, which marks every REASONING program
@@ -161,9 +169,10 @@ class ThunderAgentParameters(_Strict):
     arm uses it)."""
     pause_min_recompute_ratio: float | None = Field(None, ge=0.0, le=1000.0)
     """Pause only when pausing pays: a program is paused (or held back for lack of room)
-    only if re-prefilling its context would cost at least this fraction of a turn's
-    decode time, both measured from the engine's own timings. Where recompute is cheap,
-    admission then behaves like plain KV routing. None: always (parity)."""
+    only if the re-prefill it avoids, times the turns running on a worker/rank (a
+    re-prefill holds them all up), costs at least this fraction of a turn's decode time,
+    both measured from the engine's own timings. Where recompute is cheap, admission then
+    behaves like plain KV routing. None: always (parity)."""
 
     @field_validator(
         "resume_timeout_seconds",

@@ -70,7 +70,8 @@ def _ewma(current: float | None, sample: float, alpha: float) -> float:
 
 
 class CostModel(Protocol):
-    """Would pausing (or holding back) a program of ``tokens`` save more than it costs?"""
+    """Would pausing (or holding back) a program of ``tokens`` save more than it costs,
+    with ``batch`` turns running on a worker/rank?"""
 
     def observe(self, timing: TurnTiming) -> None:
         """Learn from one completed turn."""
@@ -78,7 +79,10 @@ class CostModel(Protocol):
     def set_costs(self, costs: EngineCosts) -> None:
         """Take these engine costs as measured (replaces the estimate)."""
 
-    def pause_pays(self, tokens: int) -> bool: ...
+    def pause_pays(self, tokens: int, batch: float) -> bool: ...
+
+    def recompute_seconds(self, tokens: int) -> float | None:
+        """What re-prefilling ``tokens`` uncached tokens takes (None: not measured yet)."""
 
     def describe(self) -> dict[str, float | None]: ...
 
@@ -95,8 +99,12 @@ class PauseAlwaysPays:
     def set_costs(self, costs: EngineCosts) -> None:
         pass
 
-    def pause_pays(self, tokens: int) -> bool:
+    def pause_pays(self, tokens: int, batch: float) -> bool:
         return True
+
+    def recompute_seconds(self, tokens: int) -> float | None:
+        per_token = self.meter.prefill_seconds_per_token
+        return None if per_token is None else tokens * per_token
 
     def describe(self) -> dict[str, float | None]:
         return {"prefill_seconds_per_token": self.meter.prefill_seconds_per_token,
@@ -105,10 +113,17 @@ class PauseAlwaysPays:
 
 @dataclass
 class MeasuredRecompute:
-    """A pause pays when re-prefilling the program costs at least ``ratio`` of a turn's
-    decode time, both measured. Until the engine's costs are measured nothing is known
-    to pay, so admission stays open like plain KV routing (a pause made on a guess costs
-    a wait that stock routing never imposes)."""
+    """A pause pays when the recompute it avoids is worth the batch slot it leaves idle.
+
+    Re-prefilling a program's context holds up every turn running on its worker/rank
+    (prefill passes are shared), so what it costs is the re-prefill time times the
+    ``batch`` of running turns; what a pause costs is one turn slot, about a turn's
+    decode time. A pause pays when the first is at least ``ratio`` times the second.
+    Where prefill is cheap and the batch small, keeping everyone running wins, as in
+    plain KV routing; where a re-prefill costs many decode steps of a full batch,
+    pausing wins. Until the engine's costs are measured nothing is known to pay, so
+    admission stays open like plain KV routing (a pause made on a guess costs a wait
+    that stock routing never imposes)."""
 
     ratio: float
     meter: CostMeter = field(default_factory=CostMeter)
@@ -122,11 +137,14 @@ class MeasuredRecompute:
     def set_costs(self, costs: EngineCosts) -> None:
         self.costs = costs
 
-    def pause_pays(self, tokens: int) -> bool:
+    def pause_pays(self, tokens: int, batch: float) -> bool:
         if self.costs is None:
             return False
-        recompute = tokens * self.costs.prefill_seconds_per_token
-        return recompute >= self.ratio * self.costs.decode_seconds
+        stalled = tokens * self.costs.prefill_seconds_per_token * max(1.0, batch)
+        return stalled >= self.ratio * self.costs.decode_seconds
+
+    def recompute_seconds(self, tokens: int) -> float | None:
+        return None if self.costs is None else tokens * self.costs.prefill_seconds_per_token
 
     def describe(self) -> dict[str, float | None]:
         return {"prefill_seconds_per_token": None if self.costs is None

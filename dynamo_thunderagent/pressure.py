@@ -37,7 +37,9 @@ class PausePlan:
 
 
 class PauseRule(Protocol):
-    def plan(self, table: ProgramTable, capacity: Capacity, now: float) -> PausePlan: ...
+    def plan(self, table: ProgramTable, capacity: Capacity, now: float,
+             batch: float) -> PausePlan:
+        """``batch``: turns running per worker/rank (for the cost model)."""
 
 
 class ParityPauseRule:
@@ -53,7 +55,8 @@ class ParityPauseRule:
         self.costs = costs
         self.longest_idle_first = params.pause_order == "longest_idle"
 
-    def plan(self, table: ProgramTable, capacity: Capacity, now: float) -> PausePlan:
+    def plan(self, table: ProgramTable, capacity: Capacity, now: float,
+             batch: float) -> PausePlan:
         plan = PausePlan()
         charge = self._charge(now)
         victim_order = self._victim_order(now)
@@ -69,7 +72,7 @@ class ParityPauseRule:
                 (p for p in members if p.phase is Phase.ACTING
                  and not (residency and p.active_since is not None
                           and now - p.active_since < residency)
-                 and self.costs.pause_pays(p.tokens)),
+                 and self.costs.pause_pays(p.tokens, batch)),
                 key=victim_order,
             )
             for program in acting:
@@ -79,7 +82,7 @@ class ParityPauseRule:
                 plan.pause.append(program)
             reasoning = sorted(
                 (p for p in members if p.phase is Phase.REASONING and not p.marked_for_pause
-                 and self.costs.pause_pays(p.tokens)),
+                 and self.costs.pause_pays(p.tokens, batch)),
                 key=lambda p: (p.tokens, p.seq),
             )
             for program in reasoning:
@@ -109,7 +112,8 @@ class UpstreamPauseRule:
         self.threshold = params.pause_threshold
         self.model = model
 
-    def plan(self, table: ProgramTable, capacity: Capacity, now: float) -> PausePlan:
+    def plan(self, table: ProgramTable, capacity: Capacity, now: float,
+             batch: float) -> PausePlan:
         plan = PausePlan()
         for worker, cap in capacity.known.items():
             usage = table.usage(worker)

@@ -42,6 +42,15 @@ _WAITING_TURN, _NEW, _ACTING = 0, 1, 2
 class Resumption:
     program: Program
     worker: WorkerKey | None  # None: capacity unknown, any eligible worker
+    price_seconds: float = 0.0  # the re-prefill a priced move pays (0: not a priced move)
+
+
+@dataclass
+class ResumePlan:
+    """Programs to resume (in order), and those held for room at their own rank."""
+
+    resumptions: list[Resumption]
+    held_home: list[Program]
 
 
 class ResumePlanner:
@@ -49,22 +58,26 @@ class ResumePlanner:
         self.threshold = params.pause_threshold
         self.level = params.pause_threshold - params.resume_hysteresis
         self.buffer = params.buffer_per_program
-        self.affinity = params.resume_affinity
+        self.affinity = params.resume_affinity or params.price_moves
+        self.price_moves = params.price_moves
         self.max_wait = params.max_wait_seconds
         self.least_busy = params.placement == "least_busy"
         self.costs = costs
 
     # ---- resuming -----------------------------------------------------------------
     def plan(self, paused: list[Program], table: ProgramTable, capacity: Capacity,
-             now: float) -> list[Resumption]:
-        """The resumptions, in order, for these paused programs (see the module docstring)."""
+             now: float, batch: float) -> ResumePlan:
+        """The resumptions, in order, for these paused programs (see the module docstring);
+        ``batch``: turns running per worker/rank (for the cost model)."""
         known = capacity.known
         order = sorted(paused, key=lambda p: self.order(p, now))
+        plan = ResumePlan([], [])
         if not known:
-            if not capacity.any_live:
-                return []
-            # Capacity unknown: behave as at cold start (anywhere, nothing held back).
-            return [Resumption(p, None) for p in order if p.current is not None]
+            if capacity.any_live:
+                # Capacity unknown: behave as at cold start (anywhere, nothing held back).
+                plan.resumptions.extend(Resumption(p, None) for p in order
+                                        if p.current is not None)
+            return plan
         level = self.level
         buffer = self.buffer
         room = {w: cap * level - table.decayed_usage(w, now) for w, cap in known.items()}
@@ -76,7 +89,7 @@ class ResumePlanner:
         chosen = []
         for program in order:
             need = min(program.tokens + buffer, largest)
-            if not self.costs.pause_pays(program.tokens):
+            if not self.costs.pause_pays(program.tokens, batch):
                 chosen.append(program)  # holding it back saves nothing: resume it anyway
                 free -= need
             elif need <= free:
@@ -88,21 +101,36 @@ class ResumePlanner:
         # O(log ranks) at fleet scale; entries whose room changed are stale and skipped.
         heap = [(-r, w) for w, r in room.items()]
         heapq.heapify(heap)
-        plan = []
         for program in sorted(chosen, key=lambda p: (-p.tokens, p.seq)):
             need = min(program.tokens + buffer, largest)
-            home = program.worker
-            if self.affinity and home is not None and home in room and room[home] >= need:
+            home = program.worker if program.worker in room else None
+            pays = self.costs.pause_pays(program.tokens, batch)
+            price = 0.0
+            if self.affinity and home is not None and room[home] >= need:
                 worker = home
+            elif self.price_moves and home is not None and not pays:
+                worker = home  # held back for nothing: it runs where its cache is
             else:
                 while -heap[0][0] != room[heap[0][1]]:
                     heapq.heappop(heap)
                 worker = heap[0][1]
-                if room[worker] < need and self.costs.pause_pays(program.tokens):
+                if room[worker] < need and pays:
                     continue
+                if self.price_moves and home is not None and worker != home:
+                    # A re-prefill holds up every running turn on its rank: the move's
+                    # price is that stall, weighed against this program's own wait.
+                    move_price = self.costs.recompute_seconds(program.tokens)
+                    if move_price is not None:
+                        move_price *= max(1.0, batch)
+                    waited = (now - program.deferred_since
+                              if program.deferred_since is not None else 0.0)
+                    if move_price is not None and waited < move_price:
+                        plan.held_home.append(program)  # not yet worth a re-prefill
+                        continue
+                    price = move_price or 0.0
             room[worker] -= need
             heapq.heappush(heap, (-room[worker], worker))
-            plan.append(Resumption(program, worker))
+            plan.resumptions.append(Resumption(program, worker, price))
         return plan
 
     def aged(self, program: Program, now: float) -> bool:

@@ -67,8 +67,10 @@ class Scheduler:
         self.costs = cost_model(params.pause_min_recompute_ratio)
         self.pause_rule = pause_rule(params, self.usage_model, self.costs)
         self.planner = ResumePlanner(params, self.costs)
+        self._released = 0  # tracked requests released and not yet ended
         self.counters = {"pauses": 0, "idle_pauses": 0, "resumes": 0, "forced_resumes": 0,
-                         "moves": 0, "expired": 0, "evicted": 0, "rejected": 0}
+                         "moves": 0, "priced_moves": 0, "move_recompute_ms": 0, "held_home": 0,
+                         "expired": 0, "evicted": 0, "rejected": 0}
         # PAUSED programs whose turn waits for room: the only programs that hold a new
         # program back, and the resume candidates when idle horizons are on.
         self._deferred: dict[str, Program] = {}
@@ -106,6 +108,11 @@ class Scheduler:
     def observe_costs(self, costs: EngineCosts) -> None:
         """Take these engine costs as measured (tests, and shells that measure them)."""
         self.costs.set_costs(costs)
+
+    @property
+    def batch(self) -> float:
+        """Turns running per worker/rank, on average (what a re-prefill holds up)."""
+        return self._released / max(1, len(self.capacity.known))
 
     # ---- admission -------------------------------------------------------------
     def submit(
@@ -212,7 +219,7 @@ class Scheduler:
         if not self.capacity.known:
             self._release(program, request, None, now, d)  # cold start: no capacity data
             return
-        pays = self.costs.pause_pays(program.tokens)
+        pays = self.costs.pause_pays(program.tokens, self.batch)
         if program.is_new and self._deferred and pays:
             self._pause(program, now, d)  # no queue jumping past programs waiting for room
             program.deferred_since = now
@@ -234,6 +241,7 @@ class Scheduler:
                  now: float, d: Decisions) -> None:
         request.state = RequestState.RELEASED
         request.released_at = now
+        self._released += 1
         program.deferred_since = None
         if program.active_since is None:
             program.active_since = now
@@ -312,6 +320,7 @@ class Scheduler:
         if request is None or request.state is not RequestState.RELEASED:
             return d
         del self.table.requests[request_id]
+        self._released -= 1
         program = self.table.programs[request.session_id]
         program.current = None
         program.steps += 1
@@ -332,6 +341,8 @@ class Scheduler:
         request = self.table.requests.pop(request_id, None)
         if request is None:
             return d
+        if request.state is RequestState.RELEASED:
+            self._released -= 1
         program = self.table.programs[request.session_id]
         if program.final_request == request_id:
             program.final_request = None
@@ -432,8 +443,13 @@ class Scheduler:
                 self._reclaim_dormant(now, d)
         if not paused:
             return d
-        for resumption in self.planner.plan(paused, self.table, self.capacity, now):
+        plan = self.planner.plan(paused, self.table, self.capacity, now, self.batch)
+        for resumption in plan.resumptions:
+            if resumption.price_seconds:
+                self.counters["priced_moves"] += 1
+                self.counters["move_recompute_ms"] += round(resumption.price_seconds * 1e3)
             self._resume(resumption.program, resumption.worker, now, d)
+        self.counters["held_home"] += len(plan.held_home)
         return d
 
     # ---- the tick --------------------------------------------------------------
@@ -487,7 +503,7 @@ class Scheduler:
         if self.idle.dormant and any(self.table.usage(w) > c * threshold
                                      for w, c in self.capacity.known.items()):
             self._reclaim_dormant(now, d)
-        plan = self.pause_rule.plan(self.table, self.capacity, now)
+        plan = self.pause_rule.plan(self.table, self.capacity, now, self.batch)
         for program in plan.pause:
             self._pause(program, now, d)
         for program in plan.mark:

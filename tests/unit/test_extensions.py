@@ -10,7 +10,7 @@ from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.program import Lifecycle, PrefixBlocks, WorkerKey
 from dynamo_thunderagent.scheduler import Release
 
-from .conftest import W0, W1, make
+from .conftest import W0, W1, Harness, make
 
 
 def test_event_driven_resume_releases_a_waiting_turn_when_a_session_ends() -> None:
@@ -243,3 +243,96 @@ def test_least_busy_placement_spreads_new_turns_over_workers_by_current_load() -
     assert d.outcome(first).worker == W0  # type: ignore[union-attr]
     second, d = h.turn("b", 200)  # parity would pick W0 again (0.04 < 0.30 used)
     assert d.outcome(second).worker == W1  # type: ignore[union-attr]
+
+
+def test_a_recompute_that_holds_up_a_full_batch_is_worth_a_pause() -> None:
+    from dynamo_thunderagent.costs import EngineCosts
+
+    # 600 tokens re-prefill in 0.06 s: below 0.5 x a 1 s decode for one running turn, but
+    # a re-prefill holds up every turn running on the rank: with 10 of them it is 0.6 s.
+    for running, expected in ((0, []), (10, ["small"])):
+        h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9,
+                 pause_min_recompute_ratio=0.5)
+        h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=1e-4,
+                                              decode_seconds=1.0))
+        h.workers({W0: 2_000})
+        h.acting_on("small", W0, 600)
+        h.acting_on("big", W0, 1_200)
+        for i in range(running):  # turns of other programs, running (cold start: no card)
+            h.scheduler.capacity.known.clear()
+            h.turn(f"busy{i}", 0)
+        h.workers({W0: 1_800})  # 1,800 > 1,710: parity would pause "small"
+        assert h.scheduler.batch == running
+        assert h.tick().paused == expected
+
+
+def priced_moves_harness() -> Harness:
+    """Two ranks; "p" (800 tokens) paused on W0 by pressure, W0 then full, W1 with room;
+    re-prefill measured at 1 ms a token."""
+    from dynamo_thunderagent.costs import TurnTiming
+
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, price_moves=True)
+    h.scheduler.observe_turn(TurnTiming(uncached_tokens=2_000, prefill_seconds=2.0,
+                                        decode_seconds=1.0))
+    h.workers({W0: 2_000, W1: 2_000})
+    h.acting_on("p", W0, 800)
+    h.acting_on("q", W0, 1_000)
+    h.workers({W0: 1_800, W1: 2_000})  # 1,800 > 1,710 on W0: its smallest, "p", pauses
+    assert h.tick().paused == ["p"]
+    return h
+
+
+def test_a_paused_program_waits_for_room_at_home_as_long_as_a_move_would_cost() -> None:
+    h = priced_moves_harness()
+    moves = h.scheduler.counters["moves"]
+    rid, d = h.turn("p", 1_100)  # its next turn: W0 has 530 tokens of room, W1 1,700
+    assert d.outcome(rid) is None
+    h.advance(0.5)
+    assert not h.tick().resumed  # waited 0.5 s < 1.1 s of re-prefill: waits for home
+    assert h.scheduler.counters["held_home"] >= 1
+    h.advance(1.0)
+    d = h.tick()  # waited 1.5 s: a move costs no more than waiting did
+    assert d.resumed == [("p", W1)] and h.program("p").worker == W1
+    counters = h.scheduler.counters
+    assert counters["moves"] - moves == 1
+    assert (counters["priced_moves"], counters["move_recompute_ms"]) == (1, 1_100)
+
+
+def test_without_priced_moves_a_paused_program_moves_at_once() -> None:
+    h = priced_moves_harness()
+    h.scheduler.planner.price_moves = False
+    h.turn("p", 1_100)
+    assert h.tick().resumed == [("p", W1)]
+    assert h.scheduler.counters["priced_moves"] == 0
+
+
+def test_a_program_whose_pause_does_not_pay_resumes_where_its_cache_is() -> None:
+    from dynamo_thunderagent.costs import EngineCosts
+
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, price_moves=True,
+             pause_min_recompute_ratio=0.5)
+    h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=1e-3, decode_seconds=1.0))
+    h.workers({W0: 2_000, W1: 2_000})
+    h.acting_on("p", W0, 800)
+    h.acting_on("q", W0, 1_000)
+    h.workers({W0: 1_800, W1: 2_000})
+    assert h.tick().paused == ["p"]  # 0.8 s of re-prefill >= 0.5 x 1 s: the pause pays
+    h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=1e-6, decode_seconds=1.0))
+    h.turn("p", 1_100)  # now holding it back saves nothing: it runs, and at home
+    assert h.tick().resumed == [("p", W0)]
+
+
+def test_the_price_of_a_move_grows_with_the_turns_its_re_prefill_would_hold_up() -> None:
+    h = priced_moves_harness()
+    cards = dict(h.scheduler.capacity.known)
+    h.scheduler.capacity.known.clear()  # cold start for a moment: turns released anywhere
+    for i in range(4):
+        h.turn(f"busy{i}", 0)
+    h.workers({w: c for w, c in cards.items()})
+    assert h.scheduler.batch == 2  # 4 running turns over 2 ranks
+    h.turn("p", 1_100)
+    h.advance(1.5)
+    assert not h.tick().resumed  # 1.5 s < 1.1 s x 2: still cheaper to wait for home
+    h.advance(1.0)
+    assert h.tick().resumed == [("p", W1)]
+    assert h.scheduler.counters["move_recompute_ms"] == 2_200

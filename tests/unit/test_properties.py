@@ -495,6 +495,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         }
 
     @invariant()
+    def the_running_turn_count_equals_a_recount(self) -> None:
+        """What the cost model reads as the batch: released requests not yet ended."""
+        if not hasattr(self, "scheduler"):
+            return
+        released = sum(1 for r in self.table.requests.values()
+                       if r.state is RequestState.RELEASED)
+        assert self.scheduler._released == released
+
+    @invariant()
     def paused_bookkeeping_matches_lifecycles(self) -> None:
         if not hasattr(self, "scheduler"):
             return

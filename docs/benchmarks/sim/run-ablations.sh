@@ -24,8 +24,8 @@ import json, sys
 from pathlib import Path
 
 out = Path(sys.argv[1])
-MECHANISMS = ["resume_on_events", "resume_affinity", "max_wait_seconds", "min_residency_seconds",
-              "shared_prefix_accounting", "pressure_decay", "pause_min_recompute_ratio"]
+# Every mechanism with an ablation file (python -m dynamo_thunderagent.bench.ablations).
+MECHANISMS = sorted({p.stem.split("_", 1)[1] for p in Path("policies/ablations").glob("*.yaml")})
 for regime in ("calibrated", "cheap-recompute"):
     base = json.loads((out / f"{regime}.base.json").read_text())
     top = base["agents"][-2:]

@@ -1,0 +1,73 @@
+"""The ablation policies: one mechanism on or off at a time, derived from the shipped files.
+
+For every extension the extended policy turns on, ``plus_<name>.yaml`` is the parity policy
+with that one setting added and ``minus_<name>.yaml`` is the extended policy with it back at
+its parity default; for each extension the extended policy leaves off (:data:`LEFT_OFF`),
+``plus_<name>.yaml`` adds it to parity and ``with_<name>.yaml`` adds it to the extended
+policy. The files in ``policies/ablations/`` are written by ``python -m
+dynamo_thunderagent.bench.ablations`` and a test checks that they match, so they follow the
+shipped policies instead of drifting from them.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dynamo_thunderagent.policy_files import EXTENDED_POLICY, PARITY_POLICY, POLICY_DIR
+
+ABLATION_DIR = POLICY_DIR / "ablations"
+# Extensions the extended policy leaves off, with the value their ablations try.
+LEFT_OFF: dict[str, Any] = {"pressure_decay": True, "pause_order": "longest_idle"}
+
+
+def _load(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return data
+
+
+def _with_parameters(policy: dict[str, Any], parameters: dict[str, Any]) -> dict[str, Any]:
+    out = dict(policy)
+    out["request_classifier"] = {**policy["request_classifier"], "parameters": parameters}
+    return out
+
+
+def ablations() -> dict[str, dict[str, Any]]:
+    """File stem -> policy, for every ablation (see the module docstring)."""
+    parity = _load(PARITY_POLICY)
+    extended = _load(EXTENDED_POLICY)
+    base = parity["request_classifier"]["parameters"]
+    full = extended["request_classifier"]["parameters"]
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(full) - set(base)):
+        out[f"plus_{name}"] = _with_parameters(parity, {**base, name: full[name]})
+        out[f"minus_{name}"] = _with_parameters(
+            extended, {k: v for k, v in full.items() if k != name})
+    for name, value in sorted(LEFT_OFF.items()):
+        out[f"plus_{name}"] = _with_parameters(parity, {**base, name: value})
+        out[f"with_{name}"] = _with_parameters(extended, {**full, name: value})
+    return out
+
+
+def render(policy: dict[str, Any]) -> str:
+    return yaml.safe_dump(policy, sort_keys=True)
+
+
+def main() -> int:
+    """Rewrite ``policies/ablations/`` from the shipped policies."""
+    ABLATION_DIR.mkdir(exist_ok=True)
+    wanted = ablations()
+    for stale in ABLATION_DIR.glob("*.yaml"):
+        if stale.stem not in wanted:
+            stale.unlink()
+    for stem, policy in wanted.items():
+        (ABLATION_DIR / f"{stem}.yaml").write_text(render(policy), encoding="utf-8")
+    print(f"wrote {len(wanted)} ablation policies into {ABLATION_DIR}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,22 @@
+"""The ablation policies follow the shipped ones (bench/ablations.py writes them)."""
+
+from __future__ import annotations
+
+from dynamo_thunderagent.bench.ablations import ABLATION_DIR, ablations, render
+from dynamo_thunderagent.catalog import load_policy
+
+
+def test_the_ablation_files_are_what_the_shipped_policies_make() -> None:
+    wanted = ablations()
+    on_disk = {path.stem for path in ABLATION_DIR.glob("*.yaml")}
+    assert on_disk == set(wanted), "run: python -m dynamo_thunderagent.bench.ablations"
+    for stem, policy in wanted.items():
+        text = (ABLATION_DIR / f"{stem}.yaml").read_text(encoding="utf-8")
+        assert text == render(policy), f"{stem}.yaml is stale: rerun the generator"
+
+
+def test_every_ablation_is_a_valid_policy() -> None:
+    wanted = ablations()
+    assert "minus_price_moves" in wanted and "plus_pressure_decay" in wanted
+    for stem in wanted:
+        load_policy(ABLATION_DIR / f"{stem}.yaml")  # raises PolicyError if invalid
