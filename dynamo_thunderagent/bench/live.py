@@ -73,7 +73,9 @@ Definitions of the figures (per run; see ``bench/metrics.py``)
   ours by polling ``/state`` every second, dynamo-python from the paused count in its log
   lines, builtin from its scheduler's state-change debug lines (``DYN_LOG`` is raised to
   debug for the ``thunderagent`` target in that arm). None for stock.
-* ``admission_wait_*``: ours only (its router measures the wait); None elsewhere.
+* ``admission_wait_*``: ours only (its router measures the wait of every turn, session-final
+  requests left out); None elsewhere. A turn still waiting when the run's figures are read
+  is not dropped: ``admission_wait_censored_max_s`` is the longest such wait so far.
 
 Output (``--out DIR``, default ``bench-results/<UTC timestamp>/``)
 -----------------------------------------------------------------

@@ -55,6 +55,7 @@ EMPTY_FIGURES: dict[str, Any] = {
     "admission_wait_p50_s": None,
     "admission_wait_p99_s": None,
     "admission_wait_max_s": None,
+    "admission_wait_censored_max_s": None,
 }
 
 
@@ -96,11 +97,11 @@ ROW_METRICS: tuple[str, ...] = (
     "latency_p50_s", "latency_p99_s", "admission_wait_p50_s", "admission_wait_p99_s",
     "admission_wait_max_s", "pauses", "resumes", "moves", "forced_resumes", "paused_mean",
     "paused_max", "errors", "cancelled", "turns_ok", "steady_turns", "agents_completed",
-    "latency_censored",
+    "latency_censored", "admission_wait_censored_max_s",
 )  # fmt: skip
 # How a cell's headline value combines its repeats (default: mean).
 SUMMED = frozenset({"errors"})
-MAXED = frozenset({"admission_wait_max_s", "paused_max"})
+MAXED = frozenset({"admission_wait_max_s", "admission_wait_censored_max_s", "paused_max"})
 
 
 def make_row(

@@ -25,11 +25,12 @@ Definitions (one place, so every report means the same thing):
 from __future__ import annotations
 
 import itertools
-import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
+
+from dynamo_thunderagent.quantile import percentile
 
 
 class RecordLike(Protocol):
@@ -92,22 +93,6 @@ class ArmMetrics:
         data = asdict(self)
         data["recomputed_fraction"] = self.recomputed_fraction
         return data
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in [0, 1]) of ``values``; None if empty.
-
-    The value of rank ``ceil(q x n)`` (at least 1) in ascending order: always one of the
-    samples, never interpolated. Every percentile the benchmarks report (live, simulator,
-    overhead, reliability) comes from here, so their p50 and p99 mean the same thing.
-    """
-    if not values:
-        return None
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"q must be in [0, 1], got {q}")
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q * len(ordered)))
-    return ordered[rank - 1]
 
 
 def _is_ok_turn(record: RecordLike) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -116,6 +117,7 @@ class ThunderAgentRouter:
         self.refresh_interval = refresh_interval
         self.clock = clock
         self.stats = RouterStats()
+        self._tickets = itertools.count()
         # Tracked (session) requests being forwarded, by id: what reap_orphans checks
         # against. Requests without a session are only counted: their ids are not the
         # scheduler's business and may even repeat a tracked one's.
@@ -152,6 +154,8 @@ class ThunderAgentRouter:
             else:
                 self.stats.cancelled += 1
 
+        ticket = next(self._tickets)
+        self.stats.waiting[ticket] = started
         try:
             admission = await until_stopped(self.classifier.classify(classify_input), context,
                                              orphaned)
@@ -164,6 +168,8 @@ class ThunderAgentRouter:
             raise _client_error(
                 f"thunderagent admission rejected request {request_id}: {rejected.reason}"
             ) from None
+        finally:
+            del self.stats.waiting[ticket]
         if admission is None:  # the client left while its request waited: nobody to answer
             self.stats.cancelled += 1
             log.info("request.cancelled", request_id=request_id,
@@ -171,7 +177,7 @@ class ThunderAgentRouter:
             return
         if not admission.tracked:
             self.stats.passthrough += 1
-        else:
+        elif not admission.session_final:
             self.stats.admission_wait_s.append(self.clock() - started)
         if admission.session_final:
             self.stats.session_final += 1
@@ -340,7 +346,7 @@ class ThunderAgentRouter:
     def state(self) -> dict[str, Any]:
         return {
             "scheduler": self.classifier.snapshot(),
-            "router": self.stats.as_dict(),
+            "router": self.stats.as_dict(self.clock()),
             "in_flight": len(self.in_flight) + self.passthrough_in_flight,
             "live_workers": sorted(self._live),
             "unreachable_workers": sorted(self._unreachable),

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynamo_thunderagent.quantile import percentile
+
 # Bounded per-request samples kept for the state endpoint (benchmarks read them).
 SAMPLE_LIMIT = 20_000
 
@@ -32,11 +34,13 @@ class RouterStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     admission_wait_s: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLE_LIMIT))
+    # Turns waiting for admission now, by ticket: when each started. A wait cut off by the
+    # end of a run is not lost from the figures: it is reported as censored (a lower bound).
+    waiting: dict[int, float] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
-        waits = sorted(self.admission_wait_s)
-        def pct(q: float) -> float | None:
-            return waits[min(len(waits) - 1, int(q * len(waits)))] if waits else None
+    def as_dict(self, now: float) -> dict[str, Any]:
+        waits = list(self.admission_wait_s)
+        oldest = min(self.waiting.values(), default=None)
         return {
             "requests": self.requests, "passthrough": self.passthrough,
             "session_final": self.session_final, "completed": self.completed,
@@ -44,8 +48,12 @@ class RouterStats:
             "orphans": self.orphans, "cancelled": self.cancelled,
             "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
             "hit_rate": (self.cached_tokens / self.prompt_tokens) if self.prompt_tokens else None,
-            "admission_wait_p50_s": pct(0.5), "admission_wait_p99_s": pct(0.99),
-            "admission_wait_max_s": waits[-1] if waits else None,
+            # Turns only (a session-final request has nothing to wait for), nearest rank.
+            "admission_wait_p50_s": percentile(waits, 0.5),
+            "admission_wait_p99_s": percentile(waits, 0.99),
+            "admission_wait_max_s": max(waits, default=None),
+            "admission_waiting": len(self.waiting),
+            "admission_wait_censored_max_s": None if oldest is None else now - oldest,
         }
 
 

@@ -280,12 +280,17 @@ async def test_a_new_program_without_room_is_deferred_until_a_tick_resumes_it() 
     assert h.program("small").lifecycle is Lifecycle.PAUSED
 
     h.clock.now += 30  # the big program's tool has run long: its ACTING tokens decayed
+    router = h.router.state()["router"]  # a wait in progress is reported, censored
+    assert (router["admission_waiting"], router["admission_wait_censored_max_s"]) == (1, 30)
     h.classifier.tick()
     chunks = await asyncio.wait_for(waiting, 5)
     assert chunks[-1]["finish_reason"] == "length"
     assert h.kv.requests[1]["routing"]["backend_instance_id"] == A
     assert h.program("small").resumes == 1
     assert h.router.stats.admission_wait_s[-1] == 30
+    router = h.router.state()["router"]
+    assert router["admission_waiting"] == 0 and router["admission_wait_censored_max_s"] is None
+    assert router["admission_wait_max_s"] == 30
 
 
 async def test_rejected_request_raises_an_error_that_says_why() -> None:
@@ -311,6 +316,7 @@ async def test_session_final_yields_one_chunk_and_never_touches_the_kv_router() 
     forwarded, queries = len(h.kv.requests), h.kv.load_queries
 
     chunks = await collect(h.router, turn("s", tokens=4, final=True), "r2")
+    assert len(h.router.stats.admission_wait_s) == 1  # the turn's wait; a final has none
     assert len(chunks) == 1 and chunks[0]["finish_reason"] == "stop"
     assert chunks[0]["token_ids"] == []
     assert (len(h.kv.requests), h.kv.load_queries) == (forwarded, queries)
