@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     overhead.add_argument("--ticks", type=int, default=200)
     overhead.add_argument("--admissions", type=int, default=5000)
     overhead.add_argument("--seed", type=int, default=0)
+    overhead.add_argument("--policy", help="router-policy YAML whose thunderagent parameters "
+                          "are timed (default: the shipped extended policy)")
     overhead.add_argument("--json", action="store_true", help="print one JSON object")
     overhead.set_defaults(func=_bench_overhead)
     from dynamo_thunderagent.bench.sim.run import add_arguments as add_sim_arguments

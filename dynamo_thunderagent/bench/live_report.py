@@ -9,8 +9,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dynamo_thunderagent.bench.live_sweep import RunKey
-from dynamo_thunderagent.bench.metrics import percentile
 from dynamo_thunderagent.bench.runner import ArmResult
+from dynamo_thunderagent.quantile import percentile
 from dynamo_thunderagent.stack.arms import BASELINE_ARM
 
 SCHEMA = "dynamo-thunderagent/bench-live/v1"

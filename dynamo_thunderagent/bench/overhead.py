@@ -19,13 +19,17 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from dynamo_thunderagent.bench.metrics import percentile
 from dynamo_thunderagent.capacity import CapacityCard
-from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.catalog import default_catalog, load_policy
+from dynamo_thunderagent.config import PolicyError, ThunderAgentParameters
+from dynamo_thunderagent.policy_files import EXTENDED_POLICY
 from dynamo_thunderagent.program import Phase, WorkerKey
+from dynamo_thunderagent.quantile import percentile
 from dynamo_thunderagent.scheduler import Release, Scheduler
 
 BLOCK_SIZE = 16
@@ -34,14 +38,29 @@ BLOCK_SIZE = 16
 FILL = 0.70
 
 
-def build_fleet(workers: int, dp_ranks: int, programs: int, seed: int) -> tuple[Scheduler, float]:
+def policy_parameters(policy: str | Path | None) -> ThunderAgentParameters:
+    """The ``thunderagent`` parameters of a router-policy file (None: the shipped default,
+    the extended policy, with event-driven resume and every other mechanism it turns on)."""
+    path = Path(policy) if policy is not None else EXTENDED_POLICY
+    resolved = load_policy(path, default_catalog())
+    if resolved.classifier is None:
+        raise PolicyError(f"{path}: bench overhead needs a request_classifier")
+    params = resolved.classifier.parameters
+    if not isinstance(params, ThunderAgentParameters):
+        raise PolicyError(f"{path}: bench overhead times the thunderagent classifier, not "
+                          f"{resolved.classifier.type!r}")
+    return params
+
+
+def build_fleet(workers: int, dp_ranks: int, programs: int, seed: int,
+                params: ThunderAgentParameters | None = None) -> tuple[Scheduler, float]:
     """A scheduler with ``programs`` placed programs at about FILL of fleet capacity."""
     rng = random.Random(seed)
     sizes = [rng.randint(2_000, 60_000) for _ in range(programs)]
     ranks = [WorkerKey(w, r) for w in range(workers) for r in range(dp_ranks)]
     per_rank_tokens = int(sum(sizes) / len(ranks) / FILL)
     blocks = per_rank_tokens // BLOCK_SIZE + 1
-    scheduler = Scheduler(ThunderAgentParameters())
+    scheduler = Scheduler(params or ThunderAgentParameters())
     scheduler.set_workers(
         frozenset(range(workers)), {k: CapacityCard(blocks, BLOCK_SIZE) for k in ranks}
     )
@@ -59,8 +78,8 @@ def build_fleet(workers: int, dp_ranks: int, programs: int, seed: int) -> tuple[
 
 
 def run_benchmark(workers: int, dp_ranks: int, programs: int, ticks: int, admissions: int,
-                  seed: int) -> dict[str, Any]:
-    scheduler, now = build_fleet(workers, dp_ranks, programs, seed)
+                  seed: int, params: ThunderAgentParameters | None = None) -> dict[str, Any]:
+    scheduler, now = build_fleet(workers, dp_ranks, programs, seed, params)
     rng = random.Random(seed + 1)
     sessions = list(scheduler.table.programs)
 
@@ -78,7 +97,7 @@ def run_benchmark(workers: int, dp_ranks: int, programs: int, ticks: int, admiss
             if isinstance(decisions.outcome(rid), Release):
                 scheduler.completed(rid, program.tokens + 380, now)
             else:
-                scheduler.cancel(rid, now)
+                scheduler.aborted(rid, now)
         rid = f"new-{i}"
         t0 = time.perf_counter_ns()
         decisions = scheduler.submit(rid, f"fresh-{i}", rng.randint(2_000, 8_000), now)
@@ -124,8 +143,14 @@ def run_benchmark(workers: int, dp_ranks: int, programs: int, ticks: int, admiss
 
 
 def run_overhead(args: argparse.Namespace) -> int:
+    try:
+        params = policy_parameters(getattr(args, "policy", None))
+    except PolicyError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     result = run_benchmark(args.workers, args.dp_ranks, args.programs, args.ticks,
-                           args.admissions, args.seed)
+                           args.admissions, args.seed, params)
+    result["policy"] = str(getattr(args, "policy", None) or EXTENDED_POLICY.name)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from dynamo_thunderagent.bench.driver import FINAL_HEADER, SESSION_HEADER
-from dynamo_thunderagent.bench.metrics import percentile
 from dynamo_thunderagent.bench.output import publish
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY
+from dynamo_thunderagent.quantile import percentile
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
 
 PROBE_PERIOD = 0.25

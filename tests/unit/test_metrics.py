@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from dynamo_thunderagent.bench.metrics import (
-    percentile,
     recomputed_tokens,
     steps_per_min,
     summarize,
 )
 from dynamo_thunderagent.bench.records import TurnRecord
+from dynamo_thunderagent.quantile import percentile
 
 
 def turn(

@@ -142,7 +142,7 @@ def tool_time_p90(scenario: Scenario, seed: int) -> float:
     """The 90th percentile of tool time between turns (the TTL-pinning arm's default TTL)."""
     times = sorted(t.tool_seconds for p in sample_plans(scenario, seed) for t in p.turns[:-1])
     # A setting, not a reported figure: the sample at index floor(0.9 (n - 1)), which can
-    # sit one below the nearest-rank p90 of bench.metrics.percentile. Kept because the
+    # sit one below the nearest-rank p90 of quantile.percentile. Kept because the
     # recorded ttl-pinning outputs (tests/golden/sim) were made with it.
     return times[int(0.9 * (len(times) - 1))] if times else 1.0
 

@@ -40,7 +40,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dynamo_thunderagent.bench.metrics import percentile
 from dynamo_thunderagent.bench.records import TurnRecord
 from dynamo_thunderagent.bench.sim.arms import Arm
 from dynamo_thunderagent.bench.sim.engine import (
@@ -51,6 +50,7 @@ from dynamo_thunderagent.bench.sim.engine import (
     Worker,
 )
 from dynamo_thunderagent.bench.workload import AgentPlan
+from dynamo_thunderagent.quantile import percentile
 
 
 @dataclass(frozen=True)
