@@ -124,7 +124,6 @@ from dynamo_thunderagent.bench.live_sweep import (
     DEFAULT_FACTORS,
     QUICK_ARMS,
     QUICK_FACTORS,
-    REGIME_NAMES,
     WORKLOADS,
     ArmSpec,
     RegimeSetup,
@@ -137,7 +136,7 @@ from dynamo_thunderagent.bench.live_sweep import (
     run_plans,
     workload_shape,
 )
-from dynamo_thunderagent.bench.regimes import REGIMES
+from dynamo_thunderagent.bench.regimes import REGIME_NAMES, REGIMES
 from dynamo_thunderagent.bench.runner import (
     RunSpec,
     run_stack,
@@ -357,7 +356,8 @@ def run_live(config: LiveConfig, *, as_json: bool, out: TextIO = sys.stdout,
     view = ProgressView(len(schedule), per_run, err)
     described = config.describe()
     described["regimes"] = {r: p.describe() for r, p in prepared.items()}
-    meta = {"machine": machine_info(), "started_at": started_at.isoformat(timespec="seconds")}
+    meta: dict[str, Any] = {"machine": machine_info(),
+                            "started_at": started_at.isoformat(timespec="seconds")}
     for regime, p in prepared.items():
         view.say(
             f"bench live: {regime}: {config.workers} workers x {p.sweep.num_gpu_blocks} blocks x "

@@ -19,7 +19,7 @@ from dynamo_thunderagent.bench.runner import get_json
 from dynamo_thunderagent.stack.arms import Arm
 
 if TYPE_CHECKING:
-    from dynamo_thunderagent.bench.driver import RunResult
+    from dynamo_thunderagent.bench.records import RunResult
     from dynamo_thunderagent.stack.launcher import LocalStack
 
 

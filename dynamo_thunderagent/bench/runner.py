@@ -27,7 +27,7 @@ from dynamo_thunderagent.stack.arms import arm_named
 from dynamo_thunderagent.stack.figures import scheduler_figures
 
 if TYPE_CHECKING:
-    from dynamo_thunderagent.bench.driver import RunResult
+    from dynamo_thunderagent.bench.records import RunResult
     from dynamo_thunderagent.stack.launcher import LocalStack
 
 
@@ -122,7 +122,8 @@ def run_stack(
     :func:`~dynamo_thunderagent.stack.figures.scheduler_figures` of it at the end of the run
     (what the demo reports).
     """
-    from dynamo_thunderagent.bench.driver import PromptText, run_closed_loop
+    from dynamo_thunderagent.bench.driver import run_closed_loop
+    from dynamo_thunderagent.bench.prompts import PromptText
     from dynamo_thunderagent.stack.launcher import LocalStack
 
     name = spec.name
