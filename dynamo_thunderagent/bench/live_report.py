@@ -97,7 +97,8 @@ ROW_METRICS: tuple[str, ...] = (
     "latency_p50_s", "latency_p99_s", "admission_wait_p50_s", "admission_wait_p99_s",
     "admission_wait_max_s", "pauses", "resumes", "moves", "forced_resumes", "paused_mean",
     "paused_max", "errors", "cancelled", "turns_ok", "steady_turns", "agents_completed",
-    "latency_censored", "admission_wait_censored_max_s",
+    "latency_censored", "admission_wait_censored_max_s", "agent_runs", "agent_run_mean_s",
+    "agent_run_p90_s",
 )  # fmt: skip
 # How a cell's headline value combines its repeats (default: mean).
 SUMMED = frozenset({"errors"})
@@ -359,9 +360,9 @@ def _regime_markdown(
             f"At N={n} ({pressures.get(n, 0):.1f}x capacity):",
             "",
             "| arm | steps/min | vs stock | hit rate | recomputed tokens | turn p50 / p99 (s) "
-            "| admission wait p50 / p99 / max (s) | paused (mean / max) "
-            "| pauses / resumes / moves | errors | failed runs |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| agent run mean / p90 (s) | admission wait p50 / p99 / max (s) "
+            "| paused (mean / max) | pauses / resumes / moves | errors | failed runs |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for arm in arms:
             c = by_n(arm).get(str(n))
@@ -388,6 +389,7 @@ def _largest_row(arm: str, c: Mapping[str, Any]) -> str:
         _f(c.get("hit_rate"), ".3f"),
         _f(c.get("recomputed_tokens"), ",.0f"),
         f"{_f(c.get('latency_p50_s'), '.2f')} / {_f(c.get('latency_p99_s'), '.2f')}",
+        f"{_f(c.get('agent_run_mean_s'), '.1f')} / {_f(c.get('agent_run_p90_s'), '.1f')}",
         " / ".join(_f(c.get(k), ".2f") for k in (
             "admission_wait_p50_s", "admission_wait_p99_s", "admission_wait_max_s")),
         f"{_f(c.get('paused_mean'), '.1f')} / {_f(c.get('paused_max'), '.0f')}",

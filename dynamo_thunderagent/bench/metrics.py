@@ -83,6 +83,11 @@ class ArmMetrics:
     errors_by_type: dict[str, int] = field(default_factory=dict)
     cancelled: int = 0
     agents_completed: int = 0
+    # Agent-run completion time (first turn sent to session-final answered) of the agents
+    # that ran whole inside the run; a warm-started agent (it began mid-program) is left out.
+    agent_runs: int = 0
+    agent_run_mean_s: float | None = None
+    agent_run_p90_s: float | None = None
 
     @property
     def recomputed_fraction(self) -> float | None:
@@ -181,4 +186,24 @@ def summarize(
         # A subagent's session-final ends a subagent, not an agent run.
         agents_completed=sum(1 for r in records
                              if r.kind == "final" and r.parent_session_id is None),
+        **_agent_runs(records),
     )
+
+
+def _agent_runs(records: Sequence[RecordLike]) -> dict[str, Any]:
+    """Completion times of the agent runs that started at their first turn and finished."""
+    first: dict[str, tuple[int, float]] = {}
+    finished: dict[str, float] = {}
+    for r in records:
+        if r.parent_session_id is not None:
+            continue  # a subagent's run is part of its parent's
+        if r.kind == "turn":
+            turn, start = first.get(r.session_id, (r.turn, r.start))
+            first[r.session_id] = min((turn, start), (r.turn, r.start))
+        elif r.kind == "final":
+            finished[r.session_id] = r.end
+    times = [end - first[s][1] for s, end in finished.items()
+             if s in first and first[s][0] == 0]
+    return {"agent_runs": len(times),
+            "agent_run_mean_s": sum(times) / len(times) if times else None,
+            "agent_run_p90_s": percentile(times, 0.90)}

@@ -352,7 +352,7 @@ def test_render_markdown_tables() -> None:
     assert "At N=8 (2.0x capacity):" in text
     assert "- failed: dynamo-python at N=8 (repeat 1): StackError: no model" in text
     lines = [ln for ln in text.splitlines() if ln.startswith("| ours | 80")]
-    assert lines and lines[0].count("|") == 12
+    assert lines and lines[0].count("|") == 13  # 12 columns: the header has as many
 
 
 def test_write_plots(tmp_path: Path) -> None:

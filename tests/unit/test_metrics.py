@@ -136,3 +136,17 @@ def test_summarize_reports_every_figure_of_a_run() -> None:
 def test_summarize_without_usage_has_no_hit_rate() -> None:
     m = summarize([], warmup_s=0, window_s=10)
     assert m.hit_rate is None and m.latency_p50_s is None and m.steps_per_min == 0
+
+
+def test_agent_run_time_counts_whole_runs_only() -> None:
+    records = [
+        turn("a", 0, end=2.0, start=1.0), turn("a", 1, end=5.0),
+        turn("a", 2, end=6.0, kind="final"),          # a whole run: 1.0 -> 6.0
+        turn("b", 3, end=4.0, start=0.5), turn("b", 4, end=9.0),
+        turn("b", 5, end=9.5, kind="final"),          # warm-started at turn 3: left out
+        turn("c", 0, end=3.0, start=2.0),             # still running: no final
+        turn("d", 0, end=4.0, start=2.0), turn("d", 1, end=10.0, kind="final"),  # 2.0 -> 10.0
+    ]
+    m = summarize(records, warmup_s=0.0, window_s=20.0)
+    assert (m.agent_runs, m.agent_run_mean_s, m.agent_run_p90_s) == (2, 6.5, 8.0)
+    assert m.agents_completed == 3
