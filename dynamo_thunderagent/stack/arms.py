@@ -2,7 +2,7 @@
 
 * ``stock``: the frontend's KV router with soft session affinity (request-level baseline).
 * ``builtin``: the frontend's KV router plus Dynamo's Rust ThunderAgent, enabled by a
-  router-policy YAML (``--router-policy-config``).
+  router-policy YAML (``--router-policy-config``), with the same soft session affinity.
 * ``dynamo-python``: Dynamo's experimental ``python -m dynamo.thunderagent_router`` component
   between the frontend and the workers.
 * ``ours``: our router component (``dynamo-thunderagent serve``), or a given router command.
@@ -166,17 +166,22 @@ class Arm(ABC):
         return given.get(self.policy_option)
 
 
+# Soft session affinity, as Dynamo's examples run the KV router for agents: a session's
+# turns prefer the worker of its previous turn. Stock and the builtin both get it, so the
+# comparison between them is the ThunderAgent plugin alone.
+SOFT_SESSION_AFFINITY = (
+    "--router-session-affinity-ttl-secs", "1800",
+    "--router-session-affinity-mode", "soft",
+)  # fmt: skip
+
+
 class StockArm(Arm):
     """Stock Dynamo: the frontend's KV router with soft session affinity."""
 
     name = "stock"
 
     def frontend_args(self, ctx: LaunchContext) -> list[str]:
-        return [
-            "--router-mode", "kv",
-            "--router-session-affinity-ttl-secs", "1800",
-            "--router-session-affinity-mode", "soft",
-        ]  # fmt: skip
+        return ["--router-mode", "kv", *SOFT_SESSION_AFFINITY]
 
 
 class BuiltinArm(Arm):
@@ -196,7 +201,8 @@ class BuiltinArm(Arm):
             path.write_text(BUILTIN_POLICY_YAML, encoding="utf-8")
 
     def frontend_args(self, ctx: LaunchContext) -> list[str]:
-        return ["--router-mode", "kv", "--router-policy-config", str(self.policy_path(ctx))]
+        return ["--router-mode", "kv", "--router-policy-config", str(self.policy_path(ctx)),
+                *SOFT_SESSION_AFFINITY]
 
     def readiness(self, ctx: LaunchContext) -> list[Readiness]:
         frontend_log = log_path(ctx.run_dir, "frontend")

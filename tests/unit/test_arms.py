@@ -81,7 +81,10 @@ def test_builtin_writes_its_default_policy_and_waits_for_its_admission_line(
     stack.arm.prepare(stack.launch)
     assert stack.policy_path == stack.run_dir / "thunderagent-policy.yaml"
     assert stack.policy_path.read_text() == BUILTIN_POLICY_YAML
-    assert stack._frontend_argv()[-2:] == ["--router-policy-config", str(stack.policy_path)]
+    argv = stack._frontend_argv()
+    assert argv[argv.index("--router-policy-config") + 1] == str(stack.policy_path)
+    # The same soft session affinity as stock: the comparison is the plugin alone.
+    assert argv[argv.index("--router-session-affinity-mode") + 1] == "soft"
     (ready,) = stack.arm.readiness(stack.launch)
     assert "ThunderAgent admission enabled" in ready.what
     assert stack.arm.observed_env() == {"DYN_LOG": "info,thunderagent=debug"}
