@@ -139,6 +139,7 @@ class ClientRun:
     repeat: int
     requests_per_s: float | None = None
     ttft_ms: dict[str, float] = field(default_factory=dict)  # p50, p90, p99, max
+    itl_ms: dict[str, float] = field(default_factory=dict)  # inter-token latency p50, p99
     completed: int = 0
     errors: int = 0
     duration_s: float | None = None
@@ -160,9 +161,11 @@ def parse_summary(path: Path) -> dict[str, Any]:
         return None if value is None else float(value)
 
     ttft = data.get("time_to_first_token") or {}
+    itl = data.get("inter_token_latency") or {}
     return {
         "requests_per_s": avg("request_throughput"),
         "ttft_ms": {k: float(ttft[k]) for k in ("p50", "p90", "p99", "max") if k in ttft},
+        "itl_ms": {k: float(itl[k]) for k in ("p50", "p99") if k in itl},
         "completed": int(avg("request_count") or 0),
         # aiperf leaves the key out when nothing failed.
         "errors": int(avg("error_request_count") or 0),
@@ -261,6 +264,8 @@ def summarize(runs: list[ClientRun]) -> list[dict[str, Any]]:
         }
         for key in ("p50", "p90", "p99", "max"):
             row[f"ttft_{key}_ms"] = _mean([r.ttft_ms[key] for r in good if key in r.ttft_ms])
+        for key in ("p50", "p99"):
+            row[f"itl_{key}_ms"] = _mean([r.itl_ms[key] for r in good if key in r.itl_ms])
         rows.append(row)
     by_key = {(r["workload"], r["concurrency"], r["arm"]): r for r in rows}
     for row in rows:
@@ -279,16 +284,17 @@ def _fmt(value: float | None, spec: str = ".1f", suffix: str = "") -> str:
 def markdown(rows: list[dict[str, Any]], runs: list[ClientRun]) -> str:
     lines = [
         "| workload | concurrency | arm | requests/s | vs stock | TTFT p50 / p90 / p99 / max (ms)"
-        " | p99 vs stock | errors | failed runs |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " | p99 vs stock | inter-token p50 / p99 (ms) | errors | failed runs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         ttft = " / ".join(_fmt(row[f"ttft_{k}_ms"], ",.0f") for k in ("p50", "p90", "p99", "max"))
         lines.append(
             f"| {row['workload']} | {row['concurrency']} | {row['arm']} | "
             f"{_fmt(row['requests_per_s'])} | {_fmt(row['rps_vs_stock'], '.2f', 'x')} | {ttft} | "
-            f"{_fmt(row['ttft_p99_vs_stock'], '.2f', 'x')} | {row['errors']} | "
-            f"{row['failed_runs']} |")
+            f"{_fmt(row['ttft_p99_vs_stock'], '.2f', 'x')} | "
+            f"{_fmt(row.get('itl_p50_ms'), '.2f')} / {_fmt(row.get('itl_p99_ms'), '.2f')} | "
+            f"{row['errors']} | {row['failed_runs']} |")
     ours = [r for r in runs if r.router is not None]
     if ours:
         lines += ["", "Our router after each run (programs retained, tracked requests, pauses "

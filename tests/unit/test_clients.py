@@ -36,10 +36,12 @@ def test_summary_without_an_error_key_means_no_errors(tmp_path: Path) -> None:
         "request_throughput": {"avg": 15.5}, "request_count": {"avg": 200},
         "benchmark_duration": {"avg": 12.9},
         "time_to_first_token": {"p50": 24.0, "p90": 32.0, "p99": 46.0, "max": 51.0},
+        "inter_token_latency": {"p50": 2.25, "p99": 4.45, "avg": 2.3},
     }))
     summary = parse_summary(path)
     assert summary["errors"] == 0 and summary["completed"] == 200
     assert summary["ttft_ms"] == {"p50": 24.0, "p90": 32.0, "p99": 46.0, "max": 51.0}
+    assert summary["itl_ms"] == {"p50": 2.25, "p99": 4.45}
 
 
 def test_ratios_are_taken_against_stock_of_the_same_workload_and_concurrency() -> None:
