@@ -27,6 +27,7 @@ from typing import Any
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.catalog import default_catalog, load_policy
 from dynamo_thunderagent.config import PolicyError, ThunderAgentParameters
+from dynamo_thunderagent.costs import EngineCosts
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY
 from dynamo_thunderagent.program import Phase, WorkerKey
 from dynamo_thunderagent.quantile import percentile
@@ -61,6 +62,10 @@ def build_fleet(workers: int, dp_ranks: int, programs: int, seed: int,
     per_rank_tokens = int(sum(sizes) / len(ranks) / FILL)
     blocks = per_rank_tokens // BLOCK_SIZE + 1
     scheduler = Scheduler(params or ThunderAgentParameters())
+    # Engine costs as the router would have measured them on the calibrated GPU (re-prefill
+    # 45.6 us a token, a 3 s turn decode), so that a policy that pauses only where it pays
+    # pauses here too and the tick is timed doing its work.
+    scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=45.6e-6, decode_seconds=3.0))
     scheduler.set_workers(
         frozenset(range(workers)), {k: CapacityCard(blocks, BLOCK_SIZE) for k in ranks}
     )
