@@ -54,6 +54,8 @@ from dynamo_thunderagent.bench.workload import (
     ToolTimeComponent,
     TurnPlan,
     WorkloadSpec,
+    check_common_fields,
+    check_ranges,
     draw_tool_seconds,
     scale_tokens,
 )
@@ -70,26 +72,6 @@ def shape_token_factor(pool_tokens: int) -> float:
     if pool_tokens <= 0:
         raise ValueError(f"pool_tokens must be > 0, got {pool_tokens}")
     return pool_tokens / SHAPE_POOL_TOKENS
-
-
-def _check_ranges(spec: object, names: tuple[str, ...]) -> None:
-    for name in names:
-        lo, hi = getattr(spec, name)
-        if lo < 0 or hi < lo:
-            raise ValueError(f"{name} must be a range 0 <= lo <= hi, got ({lo}, {hi})")
-
-
-def _check_common(spec: LongSessionSpec | FanoutSpec) -> None:
-    if spec.turns[0] < 1:
-        raise ValueError(f"turns must be >= 1, got {spec.turns}")
-    if spec.output_tokens[0] < 1:
-        raise ValueError(f"output_tokens must be >= 1, got {spec.output_tokens}")
-    if spec.system_prompt_tokens < 0:
-        raise ValueError(f"system_prompt_tokens must be >= 0, got {spec.system_prompt_tokens}")
-    if not (spec.token_scale > 0 and spec.time_scale >= 0):
-        raise ValueError("token_scale must be > 0 and time_scale >= 0")
-    if not spec.tool_time or any(c.weight <= 0 or c.scale <= 0 for c in spec.tool_time):
-        raise ValueError("tool_time needs components with weight > 0 and scale > 0")
 
 
 def long_session_gaps() -> tuple[ToolTimeComponent, ...]:
@@ -133,9 +115,9 @@ class LongSessionSpec:
 
     def validate(self) -> None:
         """Raise ValueError naming the field that is out of range."""
-        _check_ranges(self, ("turns", "first_turn_tokens", "tool_output_tokens",
+        check_ranges(self, ("turns", "first_turn_tokens", "tool_output_tokens",
                              "output_tokens", "compaction_at_tokens", "summary_tokens"))
-        _check_common(self)
+        check_common_fields(self)
         if not 0 <= self.manual_compaction_probability <= 1:
             raise ValueError("manual_compaction_probability must be in [0, 1]")
         if self.compaction_at_tokens[0] <= self.system_prompt_tokens + self.summary_tokens[1]:
@@ -213,11 +195,11 @@ class FanoutSpec:
 
     def validate(self) -> None:
         """Raise ValueError naming the field that is out of range."""
-        _check_ranges(self, ("turns", "first_turn_tokens", "tool_output_tokens",
+        check_ranges(self, ("turns", "first_turn_tokens", "tool_output_tokens",
                              "output_tokens", "subagents", "subagent_turns",
                              "subagent_task_tokens", "subagent_tool_output_tokens",
                              "subagent_output_tokens", "subagent_report_tokens"))
-        _check_common(self)
+        check_common_fields(self)
         if not 0 <= self.fanout_probability <= 1:
             raise ValueError("fanout_probability must be in [0, 1]")
         if self.subagents[0] < 1 or self.subagent_turns[0] < 1:

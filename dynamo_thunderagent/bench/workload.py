@@ -84,6 +84,45 @@ def default_tool_time() -> tuple[ToolTimeComponent, ...]:
     )
 
 
+class _CommonFields(Protocol):
+    """What every agent-shape spec has (WorkloadSpec and the shapes of bench/shapes.py)."""
+
+    @property
+    def turns(self) -> tuple[int, int]: ...
+    @property
+    def output_tokens(self) -> tuple[int, int]: ...
+    @property
+    def system_prompt_tokens(self) -> int: ...
+    @property
+    def token_scale(self) -> float: ...
+    @property
+    def time_scale(self) -> float: ...
+    @property
+    def tool_time(self) -> tuple[ToolTimeComponent, ...]: ...
+
+
+def check_ranges(spec: object, names: tuple[str, ...]) -> None:
+    """Each of ``names`` is an inclusive ``(lo, hi)`` range with ``0 <= lo <= hi``."""
+    for name in names:
+        lo, hi = getattr(spec, name)
+        if lo < 0 or hi < lo:
+            raise ValueError(f"{name} must be a range 0 <= lo <= hi, got ({lo}, {hi})")
+
+
+def check_common_fields(spec: _CommonFields) -> None:
+    """The checks every agent-shape spec shares; ValueError names the bad field."""
+    if spec.turns[0] < 1:
+        raise ValueError(f"turns must be >= 1, got {spec.turns}")
+    if spec.output_tokens[0] < 1:
+        raise ValueError(f"output_tokens must be >= 1, got {spec.output_tokens}")
+    if spec.system_prompt_tokens < 0:
+        raise ValueError(f"system_prompt_tokens must be >= 0, got {spec.system_prompt_tokens}")
+    if not (spec.token_scale > 0 and spec.time_scale >= 0):
+        raise ValueError("token_scale must be > 0 and time_scale >= 0")
+    if not spec.tool_time or any(c.weight <= 0 or c.scale <= 0 for c in spec.tool_time):
+        raise ValueError("tool_time needs components with weight > 0 and scale > 0")
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
     """Shape of synthetic agent programs, before scaling. Ranges are inclusive ``(lo, hi)``.
@@ -105,20 +144,8 @@ class WorkloadSpec:
 
     def validate(self) -> None:
         """Raise ValueError naming the field that is out of range."""
-        for name in ("turns", "first_turn_tokens", "tool_output_tokens", "output_tokens"):
-            lo, hi = getattr(self, name)
-            if lo < 0 or hi < lo:
-                raise ValueError(f"{name} must be a range 0 <= lo <= hi, got ({lo}, {hi})")
-        if self.turns[0] < 1:
-            raise ValueError(f"turns must be >= 1, got {self.turns}")
-        if self.output_tokens[0] < 1:
-            raise ValueError(f"output_tokens must be >= 1, got {self.output_tokens}")
-        if self.system_prompt_tokens < 0:
-            raise ValueError(f"system_prompt_tokens must be >= 0, got {self.system_prompt_tokens}")
-        if not (self.token_scale > 0 and self.time_scale >= 0):
-            raise ValueError("token_scale must be > 0 and time_scale >= 0")
-        if not self.tool_time or any(c.weight <= 0 or c.scale <= 0 for c in self.tool_time):
-            raise ValueError("tool_time needs components with weight > 0 and scale > 0")
+        check_ranges(self, ("turns", "first_turn_tokens", "tool_output_tokens", "output_tokens"))
+        check_common_fields(self)
 
     def scaled_system_tokens(self) -> int:
         return scale_tokens(self.system_prompt_tokens, self.token_scale)
