@@ -128,9 +128,11 @@ class ThunderAgentParameters(_Strict):
     """Where a program without a live worker goes, among the ranks with room for it: the
     least used (parity), or the one serving the fewest prompt tokens right now, so that
     turns spread over workers by current load, not by idle programs' charge."""
-    pause_order: Literal["smallest", "longest_idle"] = "smallest"
-    """Which ACTING programs pause first under pressure: the smallest (parity) or the
-    ones whose tool has run longest (least likely to return soon)."""
+    pause_order: Literal["smallest", "longest_idle", "expected_return"] = "smallest"
+    """Which ACTING programs pause first under pressure: the smallest (parity), the ones
+    whose tool has run longest (least likely to return soon), or the ones expected back
+    latest from their own history (their longest gap between turns so far, less the time
+    their tool has run; programs with no history count as due now)."""
     shared_prefix_accounting: bool = False
     """Count KV blocks shared by several programs on a worker/rank (a common system
     prompt) once, from the leading block hashes of each request."""

@@ -53,7 +53,7 @@ class ParityPauseRule:
         self.decay = params.pressure_decay
         self.model = model
         self.costs = costs
-        self.longest_idle_first = params.pause_order == "longest_idle"
+        self.order = params.pause_order
 
     def plan(self, table: ProgramTable, capacity: Capacity, now: float,
              batch: float) -> PausePlan:
@@ -99,9 +99,14 @@ class ParityPauseRule:
         return model.charge
 
     def _victim_order(self, now: float) -> Callable[[Program], tuple[float, int, int]]:
-        if self.longest_idle_first:  # the tool that has run longest first
+        if self.order == "longest_idle":  # the tool that has run longest first
             return lambda p: (p.acting_since if p.acting_since is not None else now,
                               p.tokens, p.seq)
+        if self.order == "expected_return":  # expected back latest first (own history)
+            def expected_back(p: Program) -> tuple[float, int, int]:
+                ran = now - p.acting_since if p.acting_since is not None else 0.0
+                return (-max(0.0, p.max_gap - ran), p.tokens, p.seq)
+            return expected_back
         return lambda p: (0.0, p.tokens, p.seq)
 
 

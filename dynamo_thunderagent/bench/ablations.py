@@ -20,8 +20,12 @@ import yaml
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY, PARITY_POLICY, POLICY_DIR
 
 ABLATION_DIR = POLICY_DIR / "ablations"
-# Extensions the extended policy leaves off, with the value their ablations try.
-LEFT_OFF: dict[str, Any] = {"pressure_decay": True, "pause_order": "longest_idle"}
+# Extensions the extended policy leaves off: ablation label -> (parameter, value tried).
+LEFT_OFF: dict[str, tuple[str, Any]] = {
+    "pressure_decay": ("pressure_decay", True),
+    "pause_order": ("pause_order", "longest_idle"),
+    "expected_return": ("pause_order", "expected_return"),
+}
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -46,9 +50,9 @@ def ablations() -> dict[str, dict[str, Any]]:
         out[f"plus_{name}"] = _with_parameters(parity, {**base, name: full[name]})
         out[f"minus_{name}"] = _with_parameters(
             extended, {k: v for k, v in full.items() if k != name})
-    for name, value in sorted(LEFT_OFF.items()):
-        out[f"plus_{name}"] = _with_parameters(parity, {**base, name: value})
-        out[f"with_{name}"] = _with_parameters(extended, {**full, name: value})
+    for label, (name, value) in sorted(LEFT_OFF.items()):
+        out[f"plus_{label}"] = _with_parameters(parity, {**base, name: value})
+        out[f"with_{label}"] = _with_parameters(extended, {**full, name: value})
     return out
 
 

@@ -79,6 +79,22 @@ def test_longest_idle_acting_program_pauses_first() -> None:
         assert h.tick().paused == expected
 
 
+def test_the_program_expected_back_latest_pauses_first() -> None:
+    for order, expected in (("smallest", ["quick"]), ("expected_return", ["slow"])):
+        h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, pause_order=order,
+                 pause_target=0.9)
+        h.workers({W0: 3_000})
+        # "slow" has shown a 60 s tool gap, "quick" a 1 s one; both are ACTING again.
+        for session, gap, tokens in (("slow", 60.0, 900), ("quick", 1.0, 300)):
+            h.acting_on(session, W0, tokens)
+            h.advance(gap)
+            h.acting_on(session, W0, tokens)
+        h.acting_on("other", W0, 1_000)
+        assert (h.program("slow").max_gap, h.program("quick").max_gap) == (60.0, 1.0)
+        h.workers({W0: 2_200})  # over the threshold: one pause is enough
+        assert h.tick().paused == expected
+
+
 def prefix(n_blocks: int) -> tuple[int, ...]:
     return tuple(range(1000, 1000 + n_blocks))
 
