@@ -65,6 +65,12 @@ class CostMeter:
         return EngineCosts(self.prefill_seconds_per_token, self.decode_seconds)
 
 
+def _stall(tokens: int, prefill_seconds_per_token: float | None, batch: float) -> float | None:
+    if prefill_seconds_per_token is None:
+        return None
+    return tokens * prefill_seconds_per_token * max(1.0, batch)
+
+
 def _ewma(current: float | None, sample: float, alpha: float) -> float:
     return sample if current is None else (1 - alpha) * current + alpha * sample
 
@@ -81,8 +87,9 @@ class CostModel(Protocol):
 
     def pause_pays(self, tokens: int, batch: float) -> bool: ...
 
-    def recompute_seconds(self, tokens: int) -> float | None:
-        """What re-prefilling ``tokens`` uncached tokens takes (None: not measured yet)."""
+    def stall_seconds(self, tokens: int, batch: float) -> float | None:
+        """What re-prefilling ``tokens`` uncached tokens holds up: its time times the
+        ``batch`` of turns running beside it (at least one); None until measured."""
 
     def describe(self) -> dict[str, float | None]: ...
 
@@ -102,9 +109,8 @@ class PauseAlwaysPays:
     def pause_pays(self, tokens: int, batch: float) -> bool:
         return True
 
-    def recompute_seconds(self, tokens: int) -> float | None:
-        per_token = self.meter.prefill_seconds_per_token
-        return None if per_token is None else tokens * per_token
+    def stall_seconds(self, tokens: int, batch: float) -> float | None:
+        return _stall(tokens, self.meter.prefill_seconds_per_token, batch)
 
     def describe(self) -> dict[str, float | None]:
         return {"prefill_seconds_per_token": self.meter.prefill_seconds_per_token,
@@ -138,13 +144,14 @@ class MeasuredRecompute:
         self.costs = costs
 
     def pause_pays(self, tokens: int, batch: float) -> bool:
-        if self.costs is None:
+        stalled = self.stall_seconds(tokens, batch)
+        if stalled is None or self.costs is None:
             return False
-        stalled = tokens * self.costs.prefill_seconds_per_token * max(1.0, batch)
         return stalled >= self.ratio * self.costs.decode_seconds
 
-    def recompute_seconds(self, tokens: int) -> float | None:
-        return None if self.costs is None else tokens * self.costs.prefill_seconds_per_token
+    def stall_seconds(self, tokens: int, batch: float) -> float | None:
+        return _stall(tokens, None if self.costs is None
+                      else self.costs.prefill_seconds_per_token, batch)
 
     def describe(self) -> dict[str, float | None]:
         return {"prefill_seconds_per_token": None if self.costs is None

@@ -117,11 +117,9 @@ class ResumePlanner:
                 if room[worker] < need and pays:
                     continue
                 if self.price_moves and home is not None and worker != home:
-                    # A re-prefill holds up every running turn on its rank: the move's
-                    # price is that stall, weighed against this program's own wait.
-                    move_price = self.costs.recompute_seconds(program.tokens)
-                    if move_price is not None:
-                        move_price *= max(1.0, batch)
+                    # The move's price is the stall its re-prefill causes (the cost
+                    # model's yardstick), weighed against this program's own wait.
+                    move_price = self.costs.stall_seconds(program.tokens, batch)
                     waited = (now - program.deferred_since
                               if program.deferred_since is not None else 0.0)
                     if move_price is not None and waited < move_price:

@@ -69,7 +69,7 @@ class Scheduler:
         self.planner = ResumePlanner(params, self.costs)
         self._released = 0  # tracked requests released and not yet ended
         self.counters = {"pauses": 0, "idle_pauses": 0, "resumes": 0, "forced_resumes": 0,
-                         "moves": 0, "priced_moves": 0, "move_recompute_ms": 0, "held_home": 0,
+                         "moves": 0, "priced_moves": 0, "move_price_ms": 0, "held_home": 0,
                          "expired": 0, "evicted": 0, "rejected": 0}
         # PAUSED programs whose turn waits for room: the only programs that hold a new
         # program back, and the resume candidates when idle horizons are on.
@@ -447,7 +447,7 @@ class Scheduler:
         for resumption in plan.resumptions:
             if resumption.price_seconds:
                 self.counters["priced_moves"] += 1
-                self.counters["move_recompute_ms"] += round(resumption.price_seconds * 1e3)
+                self.counters["move_price_ms"] += round(resumption.price_seconds * 1e3)
             self._resume(resumption.program, resumption.worker, now, d)
         self.counters["held_home"] += len(plan.held_home)
         return d
