@@ -9,6 +9,7 @@ schedule or answer; a deadline failure reports the last state seen.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import time
 import urllib.error
@@ -20,6 +21,15 @@ from typing import Any
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Every end-to-end module's marks: real processes, skipped where Dynamo or the OpenAI client
+# is not installed.
+E2E_MARKS = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("openai") is None,
+        reason="needs ai-dynamo 1.6.1 and openai installed",
+    ),
+]
 MODEL = "tiny"
 SESSION = "X-Dynamo-Session-ID"
 SESSION_FINAL = "X-Dynamo-Session-Final"

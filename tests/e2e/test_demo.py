@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from conftest import E2E_MARKS
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("openai") is None,
-        reason="needs ai-dynamo 1.6.1 and openai installed",
-    ),
-]
+pytestmark = E2E_MARKS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

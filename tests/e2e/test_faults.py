@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ import yaml
 
 # This folder's conftest.py: pytest puts a test folder without __init__.py on sys.path.
 from conftest import (
+    E2E_MARKS,
     ENGINE_DATA,
     MODEL,
     REPO_ROOT,
@@ -48,13 +48,7 @@ from conftest import (
     wait_until_ready,
 )
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("openai") is None,
-        reason="needs ai-dynamo 1.6.1 and openai installed",
-    ),
-]
+pytestmark = E2E_MARKS
 
 EXTENDED = REPO_ROOT / "policies" / "thunderagent-extended.yaml"
 

@@ -14,7 +14,6 @@ it with deadlines; no assertion depends on how fast this machine is.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import pytest
 
 # This folder's conftest.py: pytest puts a test folder without __init__.py on sys.path.
 from conftest import (
+    E2E_MARKS,
     ENGINE_DATA,
     MODEL,
     REPO_ROOT,
@@ -46,13 +46,7 @@ from conftest import (
     write_policy,
 )
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("openai") is None,
-        reason="needs ai-dynamo 1.6.1 and openai installed",
-    ),
-]
+pytestmark = E2E_MARKS
 
 # At speedup 1 the mocker decodes roughly one token per 10 ms here; turns that
 # must stay in flight while a test looks at them generate a few hundred tokens.

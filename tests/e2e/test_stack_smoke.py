@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from pathlib import Path
 
-import pytest
+from conftest import E2E_MARKS
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        importlib.util.find_spec("dynamo") is None or importlib.util.find_spec("openai") is None,
-        reason="needs ai-dynamo 1.6.1 and openai installed",
-    ),
-]
+pytestmark = E2E_MARKS
 
 
 def _group_gone(pgid: int) -> bool:
