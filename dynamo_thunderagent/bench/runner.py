@@ -129,9 +129,10 @@ def run_stack(
     name = spec.name
     started = time.monotonic()
     result = ArmResult(name)
-    try:
-        takes_policy = arm_named(spec.arm).takes_policy
-        with LocalStack(
+    takes_policy = arm_named(spec.arm).takes_policy
+
+    def make_stack() -> LocalStack:
+        return LocalStack(
             arm=spec.arm,
             num_workers=spec.num_workers,
             num_gpu_blocks=spec.num_gpu_blocks,
@@ -141,7 +142,11 @@ def run_stack(
             mocker_args=list(spec.mocker_args),
             extra_env=dict(spec.extra_env),
             keep_run_dir=False,
-        ) as stack:
+        )
+
+    try:
+        stack = start_stack(make_stack, say, name)
+        try:
             say(
                 f"[{name}] stack up in {time.monotonic() - started:.1f}s; "
                 f"driving {spec.agents} agents for {spec.window_s:.0f}s"
@@ -169,6 +174,8 @@ def run_stack(
             elif stack.state_url is not None:
                 state = get_json(stack.state_url)
                 result.scheduler = scheduler_figures(state) if state else {"error": "no state"}
+        finally:
+            stack.stop()
         result.agents_started = run.agents_started
         result.metrics = summarize(
             run.records, warmup_s=spec.warmup_s, window_s=spec.window_s, tail_s=spec.tail_s,
@@ -183,3 +190,45 @@ def run_stack(
         + (f" with error: {result.error}" if result.error else "")
     )
     return result
+
+
+#: A stack that does not come up is started afresh this many times in all before the run
+#: counts as failed: on a cold 2-core machine the first start of a sweep can miss the
+#: start-up timeout (every process importing from a cold disk at once), and one slow start
+#: must not cost a sweep its run.
+START_ATTEMPTS = 2
+
+
+def start_stack(
+    make: Callable[[], LocalStack],
+    say: Callable[[str], None],
+    name: str,
+    attempts: int = START_ATTEMPTS,
+) -> LocalStack:
+    """Start a stack from ``make``; a fresh one after a failed start, ``attempts`` in all.
+
+    Each failed start is stopped (its processes gone) and reported through ``say`` with the
+    processes' log tails, so that the reason is on record even when a later attempt works.
+    Raises the last StackError when no attempt started.
+    """
+    from dynamo_thunderagent.stack.process import StackError
+
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    for attempt in range(1, attempts + 1):
+        stack = make()
+        try:
+            return stack.start()
+        except StackError as error:
+            stack.stop()
+            headline, _, tails = str(error).partition("\n")
+            again = "starting a fresh one" if attempt < attempts else "giving up"
+            say(f"[{name}] stack start {attempt}/{attempts} failed: {headline}; {again}")
+            if tails:
+                say(tails)
+            if attempt == attempts:
+                raise
+        except BaseException:
+            stack.stop()
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
