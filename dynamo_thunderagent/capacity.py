@@ -49,6 +49,8 @@ class Capacity:
         self._cards: dict[WorkerKey, CapacityCard] = {}
         self._known: dict[WorkerKey, int] = {}
         self._largest = 0
+        self._total = 0
+        self._block_sizes: dict[WorkerKey, int] = {}
 
     def update(
         self, live_worker_ids: Iterable[int], cards: Mapping[WorkerKey, CapacityCard]
@@ -63,6 +65,8 @@ class Capacity:
         }
         # Read on every admission (the oversize check): kept, not recomputed.
         self._largest = max(self._known.values(), default=0)
+        self._total = sum(self._known.values())
+        self._block_sizes = {key: self._cards[key].block_size for key in self._known}
 
     def is_live(self, worker: WorkerKey) -> bool:
         return worker.worker_id in self._live
@@ -84,6 +88,16 @@ class Capacity:
     def largest(self) -> int:
         """The largest capacity in tokens among ``known`` (0: none known)."""
         return self._largest
+
+    @property
+    def total(self) -> int:
+        """Capacity in tokens of every rank in ``known``."""
+        return self._total
+
+    def tier_tokens(self, blocks_per_rank: int) -> int:
+        """Tokens a tier of ``blocks_per_rank`` blocks behind every rank in ``known`` holds
+        (each rank's blocks are its card's block size)."""
+        return blocks_per_rank * sum(self._block_sizes.values())
 
 
 @dataclass(frozen=True)

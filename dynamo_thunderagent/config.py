@@ -10,6 +10,7 @@ first request.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,6 +177,16 @@ class ThunderAgentParameters(_Strict):
     both measured from the engine's own timings. Where recompute is cheap, admission then
     behaves like plain KV routing. None: always (parity)."""
 
+    host_kv_blocks: int = Field(0, ge=0, le=1 << 32)
+    """A host-memory KV tier behind each worker/rank, in the rank's KV blocks (0: none):
+    what the engine's offload holds (vLLM's native CPU offload, Dynamo's KV block manager,
+    LMCache; the mocker's ``--num-host-blocks``). Evicted KV that the tier keeps comes back
+    by a copy, not a re-prefill, and the copy holds up only its own turn, so a pause saves
+    nothing while the tier has room for what the fleet's programs hold beyond the GPU
+    pools: programs then stay on their worker/rank (where their copy is) and nobody waits.
+    Past the tier's room, only the tokens it cannot keep count as recompute a pause
+    avoids. Dynamo 1.6's capacity cards do not publish the tier, so it is configured."""
+
     @field_validator(
         "resume_timeout_seconds",
         "session_retention_seconds",
@@ -304,3 +315,16 @@ class ResolvedComponent:
     name: str
     type: str
     parameters: BaseModel
+
+
+def with_host_tier(classifier: ResolvedComponent, host_blocks: int) -> ResolvedComponent:
+    """``classifier`` told of a host KV tier of ``host_blocks`` per worker/rank, unless its
+    parameters already say (or the type has no ``host_kv_blocks``, or there is no tier)."""
+    params = classifier.parameters
+    if host_blocks <= 0 or getattr(params, "host_kv_blocks", None) != 0:
+        return classifier
+    if "host_kv_blocks" in params.model_fields_set:
+        return classifier  # the policy chose 0 on purpose: tier-blind
+    return dataclasses.replace(
+        classifier, parameters=params.model_copy(update={"host_kv_blocks": host_blocks})
+    )

@@ -13,6 +13,7 @@ one :class:`TurnTiming`; the scheduler's :class:`CostModel` measures and decides
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -158,6 +159,43 @@ class MeasuredRecompute:
                 else self.costs.prefill_seconds_per_token,
                 "decode_seconds": None if self.costs is None else self.costs.decode_seconds,
                 "pause_min_recompute_ratio": self.ratio}
+
+
+@dataclass
+class HostTierCosts:
+    """A host KV tier keeps what the GPU pools evict, up to its room (``host_kv_blocks``).
+
+    A program whose context the tier keeps comes back by a copy that holds up only its own
+    turn, so pausing it saves nothing; only the tokens beyond the tier's spare room would be
+    re-prefilled, and those are what the wrapped model weighs. The spare room is the
+    fleet's: the tier's capacity less what the programs hold beyond the GPU pools, set by
+    the scheduler once per tick (:meth:`set_spare`). A move still pays the full stall: the
+    copy stays on the tier of the worker/rank it leaves.
+    """
+
+    inner: CostModel
+    spare_tokens: float = 0.0
+
+    def set_spare(self, tier_tokens: float, gpu_tokens: float, held_tokens: float) -> None:
+        """The tier holds ``tier_tokens``, the GPU pools ``gpu_tokens``, programs
+        ``held_tokens`` in all: what is left of the tier for the next eviction."""
+        self.spare_tokens = tier_tokens - max(0.0, held_tokens - gpu_tokens)
+
+    def observe(self, timing: TurnTiming) -> None:
+        self.inner.observe(timing)
+
+    def set_costs(self, costs: EngineCosts) -> None:
+        self.inner.set_costs(costs)
+
+    def pause_pays(self, tokens: int, batch: float) -> bool:
+        lost = tokens - max(0.0, self.spare_tokens)
+        return lost > 0 and self.inner.pause_pays(math.ceil(lost), batch)
+
+    def stall_seconds(self, tokens: int, batch: float) -> float | None:
+        return self.inner.stall_seconds(tokens, batch)
+
+    def describe(self) -> dict[str, float | None]:
+        return {**self.inner.describe(), "host_tier_spare_tokens": self.spare_tokens}
 
 
 def cost_model(pause_min_recompute_ratio: float | None) -> CostModel:

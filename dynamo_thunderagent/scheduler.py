@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dynamo_thunderagent.capacity import Capacity, CapacityCard, UsageModel
 from dynamo_thunderagent.config import ThunderAgentParameters
-from dynamo_thunderagent.costs import EngineCosts, TurnTiming, cost_model
+from dynamo_thunderagent.costs import EngineCosts, HostTierCosts, TurnTiming, cost_model
 from dynamo_thunderagent.decisions import Decisions, Reject, Release
 from dynamo_thunderagent.idle import IdlePrograms
 from dynamo_thunderagent.pressure import pause_rule
@@ -65,6 +65,9 @@ class Scheduler:
         # The three seams, chosen once from the parameters (parity by default):
         # what recompute costs, who gives way under pressure, who comes back and where.
         self.costs = cost_model(params.pause_min_recompute_ratio)
+        self.host_tier: HostTierCosts | None = None
+        if params.host_kv_blocks:
+            self.costs = self.host_tier = HostTierCosts(self.costs)
         self.pause_rule = pause_rule(params, self.usage_model, self.costs)
         self.planner = ResumePlanner(params, self.costs)
         self._released = 0  # tracked requests released and not yet ended
@@ -470,15 +473,22 @@ class Scheduler:
         """
         retention = self.params.session_retention_seconds
         live = self.capacity.live_worker_ids
+        held = 0
         for program in list(self.table.programs.values()):
             if not program.busy and now - program.last_active >= retention:
                 self._drop(program)
                 self.counters["expired"] += 1
                 d.expired.append(program.session_id)
-            elif program.worker is not None and program.worker.worker_id not in live:
+                continue
+            if program.worker is not None and program.worker.worker_id not in live:
                 with self.table.changing(program):
                     program.worker = None
                 d.unassigned.append(program.session_id)
+            held += program.tokens
+        if self.host_tier is not None:
+            capacity = self.capacity
+            self.host_tier.set_spare(capacity.tier_tokens(self.params.host_kv_blocks),
+                                     capacity.total, held)
 
     def _force_overdue(self, now: float, d: Decisions) -> None:
         """A deferral never outlives resume_timeout while a live worker exists."""

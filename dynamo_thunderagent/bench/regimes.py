@@ -10,6 +10,9 @@ letting an ACTING program's KV cache be evicted hurts throughput (docs/calibrati
   trace's per-call client overhead.
 * ``cheap-recompute``: the mocker's built-in timing, unchanged (the simulator uses that
   timing as measured here); the toy agents of workload.md.
+* ``tiered``: the calibrated regime with a host-memory KV tier behind each worker
+  (:class:`HostTier`): KV evicted from the GPU is copied to host memory, and a prompt found
+  there is copied back over PCIe instead of re-prefilled, about six times cheaper.
 
 Each regime also says how the two harnesses size it. The live harness shrinks it to fit a
 mocker (:class:`LiveScaling`: token and clock scales, the largest agent count; the KV
@@ -20,6 +23,7 @@ override these defaults one field at a time.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +69,51 @@ class SimSizing:
 
 
 @dataclass(frozen=True)
+class HostTier:
+    """A host-memory KV tier behind each worker's GPU pool, in real units.
+
+    What the 1.6.1 mocker models of vLLM's native offload (``--num-host-blocks`` and the
+    copy bandwidths; measured here): blocks the GPU pool evicts are copied to the host (the
+    request whose allocation evicted them waits for the copy), and a prompt whose blocks are
+    on the host gets them copied back (that request waits; the engine runs on). The mocker
+    does not divide copy times by ``--speedup-ratio``.
+
+    Defaults: GLM-4.5's KV (92 layers x 8 KV heads x 128 dims x K and V x 2 bytes =
+    376,832 bytes a token), one PCIe Gen5 x16 link at an effective 50 GB/s each way, and a
+    host tier four times the GPU pool: a copy costs 7.5 us a token against a 45.6 us
+    prefill.
+    """
+
+    blocks_per_gpu_block: float = 4.0
+    kv_bytes_per_token: int = 376_832
+    bandwidth_gbps: float = 50.0
+
+    @property
+    def copy_s_per_token(self) -> float:
+        """Real seconds to copy one token's KV between host and GPU."""
+        return self.kv_bytes_per_token / (self.bandwidth_gbps * 1e9)
+
+    def host_blocks(self, gpu_blocks: int) -> int:
+        return max(1, round(gpu_blocks * self.blocks_per_gpu_block))
+
+    def mocker_args(self, gpu_blocks: int, token_scale: float, time_scale: float) -> list[str]:
+        """Mocker flags for a pool of ``gpu_blocks`` run at the harness's scales.
+
+        One mocker token stands for ``1 / token_scale`` real tokens (so its KV is that many
+        times larger) and the clock runs at ``time_scale``: the bandwidth is divided by it,
+        so that a copy lasts ``real time * time_scale`` like everything else.
+        """
+        bytes_per_token = max(1, round(self.kv_bytes_per_token / token_scale))
+        gbps = f"{self.bandwidth_gbps / time_scale:g}"
+        return [
+            "--num-host-blocks", str(self.host_blocks(gpu_blocks)),
+            "--kv-bytes-per-token", str(bytes_per_token),
+            "--host-offload-d2h-bandwidth-gbps", gbps,
+            "--host-offload-h2d-bandwidth-gbps", gbps,
+        ]  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Regime:
     """A named timing regime every arm is run under (see the module docstring).
 
@@ -82,6 +131,7 @@ class Regime:
     live: LiveScaling
     sim: SimSizing
     sim_timing: TimingModel
+    host_tier: HostTier | None = None
 
     @property
     def calibrated(self) -> bool:
@@ -104,13 +154,21 @@ class Regime:
         speedup_ratio: float = 1.0,
         geometry: StackGeometry | None = None,
     ) -> list[str]:
-        """Extra mocker flags of the regime; a calibrated one writes its profile to ``out_dir``."""
-        if self.gpu_timing is None:
-            return []
-        return calibrated_mocker_args(
-            out_dir, token_scale, time_scale,
-            speedup_ratio=speedup_ratio, timing=self.gpu_timing, geometry=geometry,
-        )  # fmt: skip
+        """Extra mocker flags of the regime; a calibrated one writes its profile to ``out_dir``.
+
+        A regime with a host tier needs ``geometry`` (the tier is sized from the GPU pool).
+        """
+        args: list[str] = []
+        if self.gpu_timing is not None:
+            args += calibrated_mocker_args(
+                out_dir, token_scale, time_scale,
+                speedup_ratio=speedup_ratio, timing=self.gpu_timing, geometry=geometry,
+            )  # fmt: skip
+        if self.host_tier is not None:
+            if geometry is None:
+                raise ValueError(f"regime {self.name}: sizing its host tier needs the geometry")
+            args += self.host_tier.mocker_args(geometry.num_gpu_blocks, token_scale, time_scale)
+        return args
 
 
 def _calibrated() -> Regime:
@@ -155,7 +213,24 @@ def _cheap_recompute() -> Regime:
     )
 
 
-REGIMES: dict[str, Regime] = {r.name: r for r in (_calibrated(), _cheap_recompute())}
+def _tiered() -> Regime:
+    base = _calibrated()
+    tier = HostTier()
+    return dataclasses.replace(
+        base,
+        name="tiered",
+        summary=(
+            f"the calibrated regime with a host KV tier {tier.blocks_per_gpu_block:g}x the "
+            f"GPU pool behind each worker: evicted KV is copied to host memory and back at "
+            f"{tier.bandwidth_gbps:g} GB/s ({tier.copy_s_per_token * 1e6:.1f} us a token of "
+            f"GLM-4.5 KV against a {base.gpu_timing.prefill_us_per_token:g} us prefill)"
+            if base.gpu_timing is not None else ""
+        ),
+        host_tier=tier,
+    )
+
+
+REGIMES: dict[str, Regime] = {r.name: r for r in (_calibrated(), _cheap_recompute(), _tiered())}
 REGIME_NAMES: tuple[str, ...] = tuple(REGIMES)
 
 

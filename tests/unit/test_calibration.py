@@ -193,7 +193,7 @@ def test_auto_transport_follows_numpy(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_regimes(tmp_path: Path) -> None:
-    assert set(REGIMES) == {"calibrated", "cheap-recompute"}
+    assert set(REGIMES) == {"calibrated", "cheap-recompute", "tiered"}
     assert REGIMES["cheap-recompute"].mocker_args(tmp_path, 0.1, 0.1) == []
     assert not REGIMES["cheap-recompute"].calibrated
     geometry = StackGeometry(256, 16, 10.0)
@@ -201,6 +201,24 @@ def test_regimes(tmp_path: Path) -> None:
         tmp_path, 0.1, 0.1, speedup_ratio=10.0, geometry=geometry
     )
     assert args and REGIMES["calibrated"].calibrated
+    assert "--num-host-blocks" not in args
+
+
+def test_the_tiered_regime_adds_a_host_tier_scaled_like_the_rest(tmp_path: Path) -> None:
+    tiered = REGIMES["tiered"]
+    assert tiered.calibrated and tiered.host_tier is not None
+    args = tiered.mocker_args(tmp_path, 0.1, 0.25, geometry=StackGeometry(256, 16, 1.0))
+    flag = dict(itertools.pairwise(args))  # each flag maps to its value
+    assert flag["--num-host-blocks"] == str(round(256 * tiered.host_tier.blocks_per_gpu_block))
+    # One mocker token stands for ten real ones; the clock runs at a quarter of real time.
+    assert flag["--kv-bytes-per-token"] == str(tiered.host_tier.kv_bytes_per_token * 10)
+    assert float(flag["--host-offload-h2d-bandwidth-gbps"]) == tiered.host_tier.bandwidth_gbps * 4
+    # So a copy of n mocker tokens takes the real copy time of 10n tokens, times 0.25.
+    wall = 100 * int(flag["--kv-bytes-per-token"]) / (
+        float(flag["--host-offload-h2d-bandwidth-gbps"]) * 1e9)
+    assert wall == pytest.approx(1000 * tiered.host_tier.copy_s_per_token * 0.25)
+    with pytest.raises(ValueError, match="geometry"):
+        tiered.mocker_args(tmp_path, 0.1, 0.25)
 
 
 def test_quantile_regression_recovers_a_line() -> None:

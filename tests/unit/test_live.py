@@ -408,7 +408,7 @@ def test_dry_run_prints_the_schedule() -> None:
     out = io.StringIO()
     assert live.dry_run(config, out) == 0
     plan = json.loads(out.getvalue())
-    assert set(plan["regimes"]) == {"calibrated", "cheap-recompute"}
+    assert set(plan["regimes"]) == {"calibrated", "cheap-recompute", "tiered"}
     calibrated = plan["regimes"]["calibrated"]["sweep"]
     assert len(calibrated["agents"]) == 4 and calibrated["agents"][-1] == 24
     total = sum(len(r["sweep"]["agents"]) for r in plan["regimes"].values()) * 2 * 4

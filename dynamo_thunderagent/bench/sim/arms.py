@@ -37,6 +37,7 @@ from dynamo_thunderagent.config import (
     PolicyError,
     ThunderAgentParameters,
     parse_policy,
+    with_host_tier,
 )
 from dynamo_thunderagent.costs import TurnTiming
 from dynamo_thunderagent.decisions import Decisions
@@ -312,12 +313,15 @@ UPSTREAM_PARAMETERS = ThunderAgentParameters(
 
 
 def build_ours(policy: str | Path | None, clock: Callable[[], float],
-               catalog: Catalog | None = None) -> ProgramArm:
+               catalog: Catalog | None = None, host_blocks: int = 0) -> ProgramArm:
     """The ``ours`` arm from a router-policy file (None: the shipped default policy).
 
     The classifier is built through the catalog exactly as ``serve`` builds it; it must
     expose the pure scheduler as ``.scheduler`` (the simulator drives the core, not the
-    asyncio gate). Raises PolicyError for an unusable file or classifier type.
+    asyncio gate). A cluster with a host KV tier of ``host_blocks`` per worker tells a
+    policy that does not set ``host_kv_blocks`` its size, as an operator configures it
+    (:func:`~dynamo_thunderagent.config.with_host_tier`). Raises PolicyError for an
+    unusable file or classifier type.
     """
     catalog = catalog or default_catalog()
     if policy is None and DEFAULT_POLICY.exists():
@@ -330,7 +334,8 @@ def build_ours(policy: str | Path | None, clock: Callable[[], float],
         resolved = load_policy(policy, catalog)
     if resolved.classifier is None:
         raise PolicyError(f"{resolved.source}: the simulator needs a request_classifier")
-    classifier = catalog.build_classifier(resolved.classifier, clock=clock)
+    classifier = catalog.build_classifier(with_host_tier(resolved.classifier, host_blocks),
+                                          clock=clock)  # fmt: skip
     scheduler = getattr(classifier, "scheduler", None)
     if not isinstance(scheduler, Scheduler):
         raise PolicyError(f"{resolved.source}: request_classifier type "
@@ -350,17 +355,19 @@ def build_upstream() -> ProgramArm:
 
 @dataclass(frozen=True)
 class ArmSettings:
-    """What building a simulator arm may need: ours' policy, the TTL, the simulated clock."""
+    """What building a simulator arm may need: ours' policy, the TTL, the simulated clock,
+    the host KV tier per worker (0: none)."""
 
     policy: str | Path | None
     ttl_s: float
     clock: Callable[[], float]
+    host_blocks: int = 0
 
 
 # The simulator's arms by name, in their default order; each entry builds a fresh arm (each
 # run needs its own). Adding an arm is one entry here.
 ARM_BUILDERS: dict[str, Callable[[ArmSettings], Arm]] = {
-    "ours": lambda s: build_ours(s.policy, s.clock),
+    "ours": lambda s: build_ours(s.policy, s.clock, host_blocks=s.host_blocks),
     "stock": lambda s: StockArm(),
     "ttl-pinning": lambda s: TtlPinningArm(s.ttl_s),
     "upstream": lambda s: build_upstream(),
@@ -369,12 +376,12 @@ ARM_NAMES = tuple(ARM_BUILDERS)
 
 
 def build_arm(name: str, *, policy: str | Path | None, ttl_s: float,
-              clock: Callable[[], float]) -> Arm:
+              clock: Callable[[], float], host_blocks: int = 0) -> Arm:
     """A fresh arm by name (one of :data:`ARM_NAMES`)."""
     builder = ARM_BUILDERS.get(name)
     if builder is None:
         raise ValueError(f"unknown arm {name!r}; choose from {', '.join(ARM_NAMES)}")
-    return builder(ArmSettings(policy, ttl_s, clock))
+    return builder(ArmSettings(policy, ttl_s, clock, host_blocks))
 
 
 def parse_arms(text: str) -> Sequence[str]:

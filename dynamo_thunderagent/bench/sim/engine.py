@@ -54,6 +54,10 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     reuse_output: bool = True
+    # Host tier (0 blocks: none): blocks per worker, and seconds to copy one token's KV
+    # between host and GPU (either way; the request that needs the copy waits for it).
+    host_blocks: int = 0
+    host_copy_s_per_token: float = 0.0
 
     @property
     def capacity_tokens(self) -> int:
@@ -85,6 +89,8 @@ class SimRequest:
     prefill_left: int = 0
     generated: int = 0
     chain_blocks: int = 0
+    ready_at: float = 0.0  # admitted, but waits for host-tier copies until then
+    loaded_tokens: int = 0  # of cached_tokens, copied back from the host tier
 
     @property
     def context_tokens(self) -> int:
@@ -150,7 +156,7 @@ class Worker:
         self.index = index
         self.jumps = jumps
         self.config = config
-        self.kv = KvPool(config.total_blocks, config.block_size)
+        self.kv = KvPool(config.total_blocks, config.block_size, config.host_blocks)
         self.loop = loop
         self.queue: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -248,12 +254,17 @@ class Worker:
         plan = self.kv.plan(system_blocks, request.session_id, chain_blocks)
         if not plan.fits:
             return False
-        self.kv.acquire(system_blocks, request.session_id, chain_blocks)
+        plan = self.kv.acquire(system_blocks, request.session_id, chain_blocks)
         self._pins.pop(request.session_id, None)  # an acquired chain is no longer pinned
         request.chain_blocks = chain_blocks
         request.cached_tokens = min(plan.hit_blocks * size, request.prompt_tokens - 1)
+        request.loaded_tokens = min(plan.loaded_blocks * size, request.cached_tokens)
         request.prefill_left = request.prompt_tokens - request.cached_tokens
-        request.scheduled_at = self.loop.now
+        now = request.scheduled_at = self.loop.now
+        copied = (plan.loaded_blocks + plan.offloaded_blocks) * size
+        if copied:
+            request.ready_at = now + copied * config.host_copy_s_per_token
+            self.loop.at(request.ready_at, self.kick)
         return True
 
     def _start_pass(self) -> None:
@@ -262,8 +273,9 @@ class Worker:
         decoding = [r for r in self.running if r.prefill_left == 0]
         budget -= len(decoding)
         chunks: list[tuple[SimRequest, int]] = []
+        now = self.loop.now
         for request in self.running:
-            if request.prefill_left > 0 and budget > 0:
+            if request.prefill_left > 0 and budget > 0 and request.ready_at <= now:
                 take = min(request.prefill_left, budget)
                 chunks.append((request, take))
                 budget -= take
@@ -271,6 +283,8 @@ class Worker:
                and self._admit(self.queue[0])):
             request = self.queue.popleft()
             self.running.append(request)
+            if request.ready_at > now:
+                continue  # its host-tier copies end later; that moment kicks a pass
             take = min(request.prefill_left, budget)
             chunks.append((request, take))
             budget -= take
@@ -284,7 +298,6 @@ class Worker:
         self.stats.prefill_tokens += prefill
         self._token += 1
         token = self._token
-        now = self.loop.now
         passes = min(r.output_tokens - r.generated for r in decoding) if decoding else 1
         if self.jumps and not chunks and passes > 1 and pass_s > 0:
             # Pure decode and the queue cannot join (empty, or its head does not fit):

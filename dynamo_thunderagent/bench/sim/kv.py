@@ -32,12 +32,20 @@ A compaction (the program's history replaced by a summary, ``TurnPlan.compaction
 its old chain garbage: no later prompt extends it, yet a real engine keeps its blocks cached
 until the LRU reaches them. :meth:`KvPool.retire` models exactly that: the old chain stays
 idle in its LRU place under a key no request uses, and the program starts a new chain.
+
+A host tier (:class:`HostCache`, optional) is what the 1.6.1 mocker models of vLLM's native
+offload, as measured here: blocks evicted from the GPU pool are copied to host memory (the
+request whose allocation evicted them waits for that copy), and a later request that finds
+its context on the host gets it copied back (it waits for that copy, the engine does not)
+instead of computing it. Eviction trims a chain from its tail, so what the host holds of a
+chain is one range of its blocks; it is usable as long as it starts where the chain's GPU
+prefix ends. The host evicts least recently stored chains first, tail first, like the pool.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 SYSTEM_CHAIN: Final = ""  # chain key of the shared system prompt (session ids are non-empty)
@@ -56,10 +64,68 @@ class Acquisition:
     chain_hit: int
     new_blocks: int
     fits: bool
+    # Host tier: chain blocks past the GPU hit copied back from host memory, and (known once
+    # acquired) blocks the allocation evicted to host memory.
+    loaded_blocks: int = 0
+    offloaded_blocks: int = 0
 
     @property
     def hit_blocks(self) -> int:
-        return self.system_hit + self.chain_hit
+        """Leading blocks not computed: found on the GPU or copied back from the host."""
+        return self.system_hit + self.chain_hit + self.loaded_blocks
+
+
+class HostCache:
+    """The host-memory tier behind one pool: per chain, one range of offloaded blocks.
+
+    Least recently stored chains are evicted first, each trimmed from its tail.
+    Invariant (checked by :meth:`check`): ``used == sum of range lengths <= capacity``.
+    """
+
+    def __init__(self, capacity_blocks: int) -> None:
+        if capacity_blocks <= 0:
+            raise ValueError(f"need a host tier of > 0 blocks, got {capacity_blocks}")
+        self.capacity_blocks = capacity_blocks
+        self._ranges: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self.used_blocks = 0
+
+    def reach(self, chain: str, gpu_blocks: int) -> int:
+        """How far the host extends a chain whose first ``gpu_blocks`` are on the GPU."""
+        held = self._ranges.get(chain)
+        if held is None or held[0] > gpu_blocks:
+            return gpu_blocks
+        return max(gpu_blocks, held[1])
+
+    def store(self, chain: str, start: int, end: int) -> None:
+        """Blocks ``[start, end)`` of ``chain`` were copied here (evicted from the GPU)."""
+        old = self._ranges.pop(chain, None)
+        if old is not None:
+            self.used_blocks -= old[1] - old[0]
+            if old[0] <= end and start <= old[1]:  # touching or overlapping: one range
+                start, end = min(start, old[0]), max(end, old[1])
+        end = min(end, start + self.capacity_blocks)
+        self._ranges[chain] = (start, end)
+        self.used_blocks += end - start
+        excess = self.used_blocks - self.capacity_blocks
+        while excess > 0:
+            key, (first, last) = next(iter(self._ranges.items()))
+            taken = min(excess, last - first)
+            if taken == last - first:
+                del self._ranges[key]
+            else:
+                self._ranges[key] = (first, last - taken)
+            self.used_blocks -= taken
+            excess -= taken
+
+    def drop(self, chain: str) -> None:
+        """Forget ``chain`` (its history was compacted away: no prompt extends it again)."""
+        held = self._ranges.pop(chain, None)
+        if held is not None:
+            self.used_blocks -= held[1] - held[0]
+
+    def check(self) -> None:
+        assert self.used_blocks == sum(end - start for start, end in self._ranges.values())
+        assert 0 <= self.used_blocks <= self.capacity_blocks
 
 
 class KvPool:
@@ -68,7 +134,7 @@ class KvPool:
     Invariant (checked by :meth:`check`): ``free + active + idle + pinned == total``.
     """
 
-    def __init__(self, total_blocks: int, block_size: int) -> None:
+    def __init__(self, total_blocks: int, block_size: int, host_blocks: int = 0) -> None:
         if total_blocks <= 0 or block_size <= 0:
             raise ValueError(f"need total_blocks > 0 and block_size > 0, got "
                              f"{total_blocks} x {block_size}")
@@ -85,6 +151,10 @@ class KvPool:
         self.active_blocks = 0
         self.evicted_blocks = 0  # lifetime count, for reports
         self._retired = 0  # garbage chains made so far (their keys are unique)
+        self.host = HostCache(host_blocks) if host_blocks > 0 else None
+        self.loaded_blocks = 0  # lifetime counts of the host tier's copies, for reports
+        self.offloaded_blocks = 0
+        self._offloading = 0  # blocks the allocation in progress evicted to the host
 
     # ---- queries ------------------------------------------------------------------
     def resident(self, chain: str) -> int:
@@ -129,7 +199,10 @@ class KvPool:
         if system_blocks and SYSTEM_CHAIN in self._idle:
             evictable -= self._idle[SYSTEM_CHAIN]
         fits = new_blocks <= self.free_blocks + returned + evictable
-        return Acquisition(system_hit, chain_hit, new_blocks, fits)
+        loaded = 0
+        if self.host is not None and system_hit == system_blocks:
+            loaded = min(self.host.reach(chain, resident), chain_blocks) - chain_hit
+        return Acquisition(system_hit, chain_hit, new_blocks, fits, max(0, loaded))
 
     # ---- transitions ----------------------------------------------------------------
     def acquire(self, system_blocks: int, chain: str, chain_blocks: int) -> Acquisition:
@@ -152,8 +225,11 @@ class KvPool:
             self._refs[SYSTEM_CHAIN] = self._refs.get(SYSTEM_CHAIN, 0) + 1
         self._hold(chain, chain_blocks)
         self._refs[chain] = self._refs.get(chain, 0) + 1
+        self._offloading = 0
         self._allocate(plan.new_blocks)
-        return plan
+        self.loaded_blocks += plan.loaded_blocks
+        self.offloaded_blocks += self._offloading
+        return replace(plan, offloaded_blocks=self._offloading)
 
     def release(self, system_blocks: int, chain: str, keep_blocks: int,
                 pin: bool = False) -> None:
@@ -196,6 +272,8 @@ class KvPool:
         """
         if chain in self._active:
             raise RuntimeError(f"KV pool: chain {chain!r} is held by a running request")
+        if self.host is not None:
+            self.host.drop(chain)
         self._retired += 1
         garbage = f"\0retired-{self._retired}"  # session ids never contain NUL
         if chain in self._idle:
@@ -246,6 +324,8 @@ class KvPool:
                    self.active_blocks) >= 0
         total = self.free_blocks + self.active_blocks + self.idle_blocks + self.pinned_blocks
         assert total == self.total_blocks, (total, self.total_blocks)
+        if self.host is not None:
+            self.host.check()
 
     # ---- internals -------------------------------------------------------------------
     def _take(self, chain: str) -> int:
@@ -284,4 +364,7 @@ class KvPool:
                 idle[chain] = resident - taken  # trimmed from its tail; keeps its LRU place
             self.idle_blocks -= taken
             self.evicted_blocks += taken
+            if self.host is not None:
+                self.host.store(chain, resident - taken, resident)
+                self._offloading += taken
             blocks -= taken

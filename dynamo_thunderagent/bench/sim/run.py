@@ -81,10 +81,13 @@ class Scenario:
     client_overhead_s: float = 0.0
     trace: str | None = None
     reuse_output: bool = True
+    host_blocks: int = 0  # host tier per worker (0: none)
+    host_copy_s_per_token: float = 0.0
 
     def engine(self) -> EngineConfig:
         return EngineConfig(self.blocks, self.block_size, self.timing, self.max_num_seqs,
-                            self.max_num_batched_tokens, self.reuse_output)
+                            self.max_num_batched_tokens, self.reuse_output,
+                            self.host_blocks, self.host_copy_s_per_token)
 
     @property
     def capacity_tokens(self) -> int:
@@ -103,6 +106,8 @@ class Scenario:
         data = asdict(self)
         data["timing"] = self.timing.describe()
         data["capacity_tokens"] = self.capacity_tokens
+        if not self.host_blocks:  # no host tier: described as before there was one
+            del data["host_blocks"], data["host_copy_s_per_token"]
         return data
 
 
@@ -110,6 +115,7 @@ def regime_scenario(name: str) -> Scenario:
     """The preset of a regime (``bench.regimes``): its cluster, timing, workload, window."""
     r = regime_named(name)
     trace = r.default_trace()
+    tier = r.host_tier
     return Scenario(
         regime=r.name,
         timing=r.sim_timing,
@@ -121,6 +127,8 @@ def regime_scenario(name: str) -> Scenario:
         window_s=r.sim.window_s,
         client_overhead_s=r.client_overhead_s,
         trace=str(trace) if trace is not None else None,
+        host_blocks=tier.host_blocks(r.sim.blocks) if tier else 0,
+        host_copy_s_per_token=tier.copy_s_per_token if tier else 0.0,
     )
 
 
@@ -171,7 +179,8 @@ def run_one(scenario: Scenario, arm_name: str, agents: int, seed: int,
     def clock() -> float:
         return sim.now() if sim is not None else 0.0
 
-    arm = build_arm(arm_name, policy=policy, ttl_s=ttl_s, clock=clock)
+    arm = build_arm(arm_name, policy=policy, ttl_s=ttl_s, clock=clock,
+                    host_blocks=scenario.host_blocks)
     sim = Simulation(config, arm, scenario.plans(seed))
     return sim.run()
 
