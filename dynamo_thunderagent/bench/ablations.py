@@ -4,7 +4,9 @@ For every extension the extended policy turns on, ``plus_<name>.yaml`` is the pa
 with that one setting added and ``minus_<name>.yaml`` is the extended policy with it back at
 its parity default; for each extension the extended policy leaves off (:data:`LEFT_OFF`),
 ``plus_<name>.yaml`` adds it to parity and ``with_<name>.yaml`` adds it to the extended
-policy. The files in ``policies/ablations/`` are written by ``python -m
+policy. ``minus_host_tier.yaml`` is the extended policy blind to a host KV tier: it sets
+``host_kv_blocks: 0`` on purpose, so a benchmark with a tier does not tell it the size.
+The files in ``policies/ablations/`` are written by ``python -m
 dynamo_thunderagent.bench.ablations`` and a test checks that they match, so they follow the
 shipped policies instead of drifting from them.
 """
@@ -53,6 +55,7 @@ def ablations() -> dict[str, dict[str, Any]]:
     for label, (name, value) in sorted(LEFT_OFF.items()):
         out[f"plus_{label}"] = _with_parameters(parity, {**base, name: value})
         out[f"with_{label}"] = _with_parameters(extended, {**full, name: value})
+    out["minus_host_tier"] = _with_parameters(extended, {**full, "host_kv_blocks": 0})
     return out
 
 

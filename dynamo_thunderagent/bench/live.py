@@ -145,6 +145,7 @@ from dynamo_thunderagent.bench.runner import (
     run_stack,
 )
 from dynamo_thunderagent.bench.shapes import SHAPES, shape_token_factor
+from dynamo_thunderagent.policy_files import policy_with_host_tier
 
 # ============================================================================================
 # Progress
@@ -289,12 +290,23 @@ class PreparedRegime:
     setup: RegimeSetup
     sweep: SweepPlan
     mocker_args: list[str]
+    host_blocks: int = 0  # host KV tier per worker (0: none)
+    work_dir: Path | None = None  # where derived files (told policies) go
+
+    def policy_for(self, arm: ArmSpec) -> Path | None:
+        """The policy file ``arm`` runs with in this regime (told of its host tier)."""
+        policy = arm.policy or arm.arm.default_policy
+        if policy is None or not (self.host_blocks and arm.arm.configures_host_tier):
+            return arm.policy
+        return policy_with_host_tier(policy, self.host_blocks,
+                                     self.work_dir or Path(".") / "policies")  # fmt: skip
 
     def describe(self) -> dict[str, Any]:
         return {
             "setup": self.setup.describe(),
             "sweep": self.sweep.describe(),
             "mocker_args": self.mocker_args,
+            "host_blocks_per_worker": self.host_blocks,
             "real_capacity_tokens": round(self.sweep.capacity_tokens / self.setup.token_scale),
         }
 
@@ -303,11 +315,14 @@ def prepare_regime(config: LiveConfig, regime: str, work_dir: Path) -> PreparedR
     """Size the regime and write its mocker profile (calibrated) under ``work_dir``."""
     setup, sweep = config.plan(regime)
     geometry = StackGeometry(sweep.num_gpu_blocks, config.block_size, setup.speedup_ratio)
-    mocker_args = REGIMES[regime].mocker_args(
+    spec = REGIMES[regime]
+    mocker_args = spec.mocker_args(
         work_dir / f"profile-{regime}", setup.token_scale, setup.time_scale,
         speedup_ratio=setup.speedup_ratio, geometry=geometry,
     )  # fmt: skip
-    return PreparedRegime(setup, sweep, mocker_args)
+    tier = spec.host_tier
+    host_blocks = tier.host_blocks(sweep.num_gpu_blocks) if tier is not None else 0
+    return PreparedRegime(setup, sweep, mocker_args, host_blocks, work_dir / f"policies-{regime}")
 
 
 def machine_info() -> dict[str, Any]:
@@ -436,7 +451,7 @@ def _one_run(
         num_gpu_blocks=sweep.num_gpu_blocks,
         block_size=config.block_size,
         speedup_ratio=setup.speedup_ratio,
-        policy=arm.policy,
+        policy=prepared.policy_for(arm),
         mocker_args=prepared.mocker_args,
         extra_env=arm.arm.observed_env(),
         job=f"live-{setup.regime}-{config.seed}",
@@ -464,7 +479,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``bench live`` (``--quick`` changes the defaults of the ones left unset)."""
     a = parser.add_argument
     a("--regime", choices=[*REGIME_NAMES, "all"], default="calibrated",
-      help="timing regime (default calibrated; all = both)")
+      help="timing regime (default calibrated; all = every regime in turn)")
     a("--arms", default=None,
       help=f"comma-separated arms in order: {', '.join(DEFAULT_ARMS)}, or "
            f"ours:<label>=<policy.yaml> (default: all of them; --quick: {','.join(QUICK_ARMS)})")

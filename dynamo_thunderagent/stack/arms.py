@@ -126,6 +126,9 @@ class Arm(ABC):
     policy_option: ClassVar[str | None] = None
     # Its router serves GET /state on a port the stack picks.
     serves_state: ClassVar[bool] = False
+    # Its policy can say how large a host KV tier is (``host_kv_blocks``): a benchmark with
+    # a host tier tells it, as an operator would (Dynamo 1.6's cards do not publish it).
+    configures_host_tier: ClassVar[bool] = False
 
     def policy_path(self, ctx: LaunchContext) -> Path | None:
         """The router-policy YAML its processes read, if any."""
@@ -272,6 +275,7 @@ class OursArm(_RouterComponentArm):
     default_policy = EXTENDED_POLICY
     policy_option = "--policy"
     serves_state = True
+    configures_host_tier = True
 
     def policy_path(self, ctx: LaunchContext) -> Path | None:
         if ctx.router_cmd is not None:

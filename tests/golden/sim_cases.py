@@ -49,6 +49,11 @@ def _cases() -> dict[str, list[str]]:
     cases["trace-arms"] = [*trace, "--arms", ALL_ARMS]
     cases["trace-parity"] = [*trace, "--arms", "ours", "--policy",
                              str(POLICIES / "thunderagent.yaml")]
+    # The tiered regime: every arm (ours told of the tier), and ours blind to it.
+    tiered = ["--regime", "tiered", "--workload", "synthetic"]
+    cases["tiered-arms"] = [*tiered, "--arms", ALL_ARMS]
+    cases["tiered-minus_host_tier"] = [*tiered, "--arms", "ours", "--policy",
+                                       str(POLICIES / "ablations" / "minus_host_tier.yaml")]
     return cases
 
 

@@ -134,3 +134,28 @@ def test_a_policy_that_sets_host_kv_blocks_keeps_its_choice(tmp_path: Path) -> N
     resolved = load_policy(policy, default_catalog())
     assert resolved.classifier is not None
     assert with_host_tier(resolved.classifier, 4096) is resolved.classifier
+
+
+def test_a_benchmark_hands_ours_a_policy_told_of_the_tier_and_leaves_others_alone(
+    tmp_path: Path,
+) -> None:
+    from dynamo_thunderagent.bench import live
+    from dynamo_thunderagent.bench.live import prepare_regime
+    from dynamo_thunderagent.bench.live_sweep import ArmSpec
+    from dynamo_thunderagent.policy_files import PARITY_POLICY
+
+    from .test_live import _args  # the CLI's own parsing, as a user runs it
+
+    config = live.config_from_args(_args("--regime", "tiered", "--workload", "toy"))
+    tiered = prepare_regime(config, "tiered", tmp_path)
+    assert tiered.host_blocks > 0
+    assert f"{tiered.host_blocks}" in tiered.mocker_args
+    told = tiered.policy_for(ArmSpec("ours", "ours"))
+    assert told is not None and told != EXTENDED_POLICY
+    resolved = load_policy(told, default_catalog())
+    assert resolved.classifier is not None
+    assert resolved.classifier.parameters.host_kv_blocks == tiered.host_blocks  # type: ignore[attr-defined]
+    builtin = ArmSpec("builtin", "builtin", PARITY_POLICY)  # Dynamo's plugin: not ours to tell
+    assert tiered.policy_for(builtin) == PARITY_POLICY
+    calibrated = prepare_regime(config, "calibrated", tmp_path)
+    assert calibrated.host_blocks == 0 and calibrated.policy_for(ArmSpec("ours", "ours")) is None
