@@ -55,6 +55,14 @@ def _endpoint_path(value: str) -> str:
     return path
 
 
+def exposed_worker_path(worker_path: str, router_path: str) -> str | None:
+    """Where a worker that serves the frontend directly would register: the workers'
+    component and endpoint in the router's namespace (None if that is the router's own)."""
+    _, component, endpoint = worker_path.split(".")
+    path = f"{router_path.split('.')[0]}.{component}.{endpoint}"
+    return None if path == router_path else path
+
+
 def run_serve(args: argparse.Namespace) -> int:
     # Validate everything before touching the runtime: a bad policy stops
     # startup with the same message `validate` prints.
@@ -116,12 +124,17 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     cards = FpmEventSubscriber(workers)
     cards.start_tracking()
     kv_router = KvRouter(workers, args.block_size, KvRouterConfig())
+    # The workers' component/endpoint in the router's namespace: a worker started there by
+    # mistake is reachable by the frontend directly; the router warns while any is.
+    exposed_path = exposed_worker_path(worker_path, router_path)
+    exposed = None if exposed_path is None else await runtime.endpoint(exposed_path).client()
 
     classifier = catalog.build_classifier(policy.classifier)
     selector = catalog.build_selector(policy.stages["aggregated"])
     router = ThunderAgentRouter(classifier, selector, kv_router, client, cards,
                                 block_size=args.block_size,
-                                refresh_interval=args.refresh_interval)
+                                refresh_interval=args.refresh_interval,
+                                exposed=exposed, exposed_endpoint=exposed_path)
     router.start()
     state_server = None
     if args.state_port:
