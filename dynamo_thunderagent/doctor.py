@@ -148,6 +148,10 @@ def diagnose(settings: Settings, discovery: Discovery, frontend: FrontendView | 
     return findings
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _listing(cards: Sequence[Registration]) -> str:
     by_path: dict[str, list[int]] = {}
     for card in cards:
@@ -172,7 +176,7 @@ def check_discovery(settings: Settings, discovery: Discovery) -> list[Finding]:
     cards = [card for card in discovery.cards if card.model == model]
     findings = [Finding("ok", "discovery",
                         f"backend {discovery.backend!r} at {discovery.where}: "
-                        f"{len(discovery.cards)} model registrations, {len(cards)} of "
+                        f"{_count(len(discovery.cards), 'model registration')}, {len(cards)} of "
                         f"model {model!r}")]
     routers = [c for c in cards if c.path == settings.router_endpoint]
     workers = [c for c in discovery.cards if c.path == settings.worker_endpoint]
@@ -206,7 +210,8 @@ def _check_workers(settings: Settings, workers: Sequence[Registration]) -> list[
                                 "give serve the --model-name the workers serve"))
     serving = [w for w in workers if w.model == model]
     if serving:
-        findings.append(Finding("ok", "workers", f"{len(serving)} workers serve {model!r} at "
+        findings.append(Finding("ok", "workers", f"{_count(len(serving), 'worker')} serve "
+                                f"{model!r} at "
                                 f"{_listing(serving)}"))
     blind = [w for w in serving if not w.total_kv_blocks]
     if blind:
@@ -313,8 +318,9 @@ def check_router(router: RouterView) -> list[Finding]:
                                 "start the workers at the --endpoint serve was given, with the "
                                 "same discovery settings"))
     else:
-        findings.append(Finding("ok", "router", f"the router sees {len(router.live_workers)} "
-                                f"live workers and holds {router.programs} programs"))
+        findings.append(Finding("ok", "router", f"the router sees "
+                                f"{_count(len(router.live_workers), 'live worker')} and holds "
+                                f"{_count(router.programs, 'program')}"))
     total = router.recent_with_session + router.recent_without_session
     window = (f"the last {total} requests (window: {router.window_requests} requests, "
               f"{router.window_seconds:g} s)")
@@ -342,7 +348,7 @@ def check_router(router: RouterView) -> list[Finding]:
                                 "agent is done"))
     else:
         findings.append(Finding("ok", "session-final",
-                                f"{router.session_finals} session-finals arrived"))
+                                f"{_count(router.session_finals, 'session-final')} arrived"))
     return findings
 
 
