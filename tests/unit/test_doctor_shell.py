@@ -198,3 +198,11 @@ def test_a_state_document_of_the_wrong_shape_is_an_error(fake: FakeDeployment) -
     assert "did not answer a JSON object" in str(read_router(f"{fake.url}/state", 5.0).error)
     fake.state = {"router": {}, "scheduler": {}}
     assert "lack" in str(read_router(f"{fake.url}/state", 5.0).error)
+
+
+def test_a_stray_worker_needs_a_running_stack(tmp_path: Path) -> None:
+    from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig, StackError
+
+    stack = LocalStack(StackConfig(arm="ours", run_dir=tmp_path / "run"))
+    with pytest.raises(StackError, match="not running"):
+        stack.start_worker_in("ta")
