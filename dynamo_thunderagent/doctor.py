@@ -210,8 +210,8 @@ def _check_workers(settings: Settings, workers: Sequence[Registration]) -> list[
                                 "give serve the --model-name the workers serve"))
     serving = [w for w in workers if w.model == model]
     if serving:
-        findings.append(Finding("ok", "workers", f"{_count(len(serving), 'worker')} serve "
-                                f"{model!r} at "
+        findings.append(Finding("ok", "workers", f"{model!r} is served by "
+                                f"{_count(len(serving), 'worker')} at "
                                 f"{_listing(serving)}"))
     blind = [w for w in serving if not w.total_kv_blocks]
     if blind:
