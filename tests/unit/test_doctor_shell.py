@@ -186,6 +186,16 @@ def test_a_frontend_without_the_model_is_not_probed(fake: FakeDeployment) -> Non
     assert view.models == ("big",) and view.probes == 0 and fake.probe_headers == []
 
 
+def test_a_models_list_of_the_wrong_shape_is_a_frontend_error(fake: FakeDeployment) -> None:
+    fake.models = []
+    view = read_frontend(fake.url, "tiny", 2, 5.0)
+    assert view.models == () and view.error is None  # listed nothing: the check says so
+    fake.server.RequestHandlerClass.do_GET = (  # type: ignore[attr-defined]
+        lambda handler: handler._send(200, {"data": [{"name": "tiny"}]}))
+    view = read_frontend(fake.url, "tiny", 2, 5.0)
+    assert view.error == "GET /v1/models failed: KeyError: 'id'"
+
+
 def test_failing_probes_are_collected_with_the_http_reason(fake: FakeDeployment) -> None:
     fake.chat_status = 500
     view = read_frontend(fake.url, "tiny", 2, 5.0)
