@@ -33,6 +33,12 @@ def _serve(args: argparse.Namespace) -> int:
     return run_serve(args)
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from dynamo_thunderagent.dynamo.doctor import run_doctor
+
+    return run_doctor(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from dynamo_thunderagent.bench.demo import run_demo
 
@@ -56,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(serve)
     serve.set_defaults(func=_serve)
+
+    doctor = sub.add_parser(
+        "doctor", help="check a running deployment for what silently bypasses the scheduler")
+    from dynamo_thunderagent.dynamo.doctor import add_arguments as add_doctor_arguments
+
+    add_doctor_arguments(doctor)
+    doctor.set_defaults(func=_doctor)
 
     from dynamo_thunderagent.stack.__main__ import build_parser as stack_parser
     from dynamo_thunderagent.stack.__main__ import run_stack_cli

@@ -29,13 +29,19 @@ from dynamo_thunderagent.classifier import (
     Aborted,
     Admission,
     AdmissionRejected,
+    ClassifyRequest,
     Completed,
     RequestClassifier,
     RequestEvent,
     Sent,
 )
 from dynamo_thunderagent.costs import TurnTiming
-from dynamo_thunderagent.dynamo.stats import RouterStats
+from dynamo_thunderagent.dynamo.stats import (
+    PROBE_SESSION_PREFIX,
+    RouterStats,
+    exposed_workers_due,
+    missing_sessions_due,
+)
 from dynamo_thunderagent.dynamo.translate import (
     BadSessionHeader,
     StreamTracker,
@@ -107,6 +113,8 @@ class ThunderAgentRouter:
         block_size: int = 16,
         refresh_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        exposed: ClientLike | None = None,
+        exposed_endpoint: str | None = None,
     ) -> None:
         self.classifier = classifier
         self.selector = selector
@@ -127,6 +135,14 @@ class ThunderAgentRouter:
         self._unreachable: dict[int, float] = {}  # worker id -> until (clock time)
         self._card_keys: frozenset[WorkerKey] = frozenset()
         self._tasks: list[asyncio.Task[None]] = []
+        # Workers serving under the workers' component/endpoint name in the router's own
+        # namespace (``exposed_endpoint``): a frontend scoped to that namespace reaches them
+        # directly, and their requests never see the program table.
+        self.exposed = exposed
+        self.exposed_endpoint = exposed_endpoint
+        self._exposed: frozenset[int] = frozenset()
+        self._exposed_warned_at: float | None = None
+        self._sessions_notice_at: float | None = None
 
     # ---- request path -------------------------------------------------------------
     async def generate(self, request: dict[str, Any], context: Any = None) -> AsyncIterator[Any]:
@@ -140,6 +156,7 @@ class ThunderAgentRouter:
         except BadSessionHeader as bad:
             self.stats.rejected += 1
             raise _client_error(f"request {request_id}: {bad}") from None
+        self._observe_session(classify_input)
         started = self.clock()
 
         ended = False  # counted as orphaned or cancelled already
@@ -240,6 +257,29 @@ class ThunderAgentRouter:
                     None if tracker.prefill_ms is None else tracker.prefill_ms / 1e3,
                     _decode_seconds(tracker)))
 
+    def _observe_session(self, request: ClassifyRequest) -> None:
+        """Count whether the request carried a session id; say so when most recent ones did
+        not (INFO, at most once a minute): those requests bypass the program table."""
+        session = request.session_id
+        if session is not None and request.session_final and session.startswith(
+                PROBE_SESSION_PREFIX):
+            self.stats.doctor_probes += 1
+            return
+        has_session = session is not None
+        if has_session:
+            self.stats.with_session += 1
+        else:
+            self.stats.without_session += 1
+        now = self.clock()
+        self.stats.recent.observe(has_session, now)
+        with_session, without_session = self.stats.recent.counts(now)
+        if missing_sessions_due(with_session, without_session, self._sessions_notice_at, now):
+            self._sessions_notice_at = now
+            log.info("router.sessions_missing", recent_requests=with_session + without_session,
+                     without_session=without_session,
+                     hint="requests without X-Dynamo-Session-ID get plain KV routing and no "
+                          "program; send it on every turn of an agent (examples/agent_loop.py)")
+
     async def _forward(
         self, request: dict[str, Any], admission: Admission
     ) -> tuple[dict[str, Any], WorkerKey | None]:
@@ -297,7 +337,24 @@ class ThunderAgentRouter:
             log.info("workers.changed", live=sorted(live),
                      ranks={str(k): v.tokens for k, v in sorted(cards.items())})
         self._live, self._card_keys = live, frozenset(cards)
+        self._check_exposed()
         return changed
+
+    def _check_exposed(self) -> None:
+        """Warn while workers serve where the frontend reaches them directly (at the first
+        refresh, on every change, else at most once a minute)."""
+        if self.exposed is None:
+            return
+        exposed = frozenset(self.exposed.instance_ids())
+        now = self.clock()
+        if exposed_workers_due(exposed, self._exposed, self._exposed_warned_at, now):
+            self._exposed_warned_at = now
+            log.warning("workers.exposed", endpoint=self.exposed_endpoint,
+                        instances=sorted(exposed),
+                        hint="these workers serve in the router's namespace, so the frontend "
+                             "routes requests to them directly, around the scheduler; start "
+                             "them with --endpoint in the workers' namespace")
+        self._exposed = exposed
 
     async def _watch_workers(self) -> None:
         while True:
@@ -350,6 +407,8 @@ class ThunderAgentRouter:
             "in_flight": len(self.in_flight) + self.passthrough_in_flight,
             "live_workers": sorted(self._live),
             "unreachable_workers": sorted(self._unreachable),
+            "exposed_workers": sorted(self._exposed),
+            "exposed_endpoint": self.exposed_endpoint,
             "block_size": self.block_size,
         }
 

@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
@@ -48,11 +49,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="port of the state endpoint; 0 disables it")
 
 
-def _endpoint_path(value: str) -> str:
+# The router's namespace when neither --router-endpoint nor $DYN_NAMESPACE names one.
+DEFAULT_ROUTER_NAMESPACE = "thunderagent"
+
+
+def endpoint_path(value: str) -> str:
+    """``ns.component.endpoint`` from a flag (``dyn://`` optional); ValueError if malformed."""
     path = value.removeprefix("dyn://")
     if path.count(".") != 2 or any(not part for part in path.split(".")):
-        raise SystemExit(f"error: endpoint {value!r} must look like namespace.component.endpoint")
+        raise ValueError(f"endpoint {value!r} must look like namespace.component.endpoint")
     return path
+
+
+def default_router_endpoint(env: Mapping[str, str]) -> str:
+    """Where the router serves without --router-endpoint: $DYN_NAMESPACE.router.generate."""
+    return f"{env.get('DYN_NAMESPACE') or DEFAULT_ROUTER_NAMESPACE}.router.generate"
+
+
+def _endpoint_path(value: str) -> str:
+    try:
+        return endpoint_path(value)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+def exposed_worker_path(worker_path: str, router_path: str) -> str | None:
+    """Where a worker that serves the frontend directly would register: the workers'
+    component and endpoint in the router's namespace (None if that is the router's own)."""
+    _, component, endpoint = worker_path.split(".")
+    path = f"{router_path.split('.')[0]}.{component}.{endpoint}"
+    return None if path == router_path else path
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -69,8 +95,7 @@ def run_serve(args: argparse.Namespace) -> int:
               "worker_selection.aggregated", file=sys.stderr)
         return 2
     worker_path = _endpoint_path(args.endpoint)
-    namespace = os.environ.get("DYN_NAMESPACE") or "thunderagent"
-    router_path = _endpoint_path(args.router_endpoint or f"{namespace}.router.generate")
+    router_path = _endpoint_path(args.router_endpoint or default_router_endpoint(os.environ))
     if router_path.split(".")[0] == worker_path.split(".")[0]:
         print("error: the router and the workers must be in different namespaces, or the "
               "frontend would route around the router", file=sys.stderr)
@@ -116,12 +141,17 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     cards = FpmEventSubscriber(workers)
     cards.start_tracking()
     kv_router = KvRouter(workers, args.block_size, KvRouterConfig())
+    # The workers' component/endpoint in the router's namespace: a worker started there by
+    # mistake is reachable by the frontend directly; the router warns while any is.
+    exposed_path = exposed_worker_path(worker_path, router_path)
+    exposed = None if exposed_path is None else await runtime.endpoint(exposed_path).client()
 
     classifier = catalog.build_classifier(policy.classifier)
     selector = catalog.build_selector(policy.stages["aggregated"])
     router = ThunderAgentRouter(classifier, selector, kv_router, client, cards,
                                 block_size=args.block_size,
-                                refresh_interval=args.refresh_interval)
+                                refresh_interval=args.refresh_interval,
+                                exposed=exposed, exposed_endpoint=exposed_path)
     router.start()
     state_server = None
     if args.state_port:

@@ -18,6 +18,59 @@ from dynamo_thunderagent.quantile import percentile
 
 # Bounded per-request samples kept for the state endpoint (benchmarks read them).
 SAMPLE_LIMIT = 20_000
+# What "recent" means for the share of requests that carry a session id: at most the last
+# RECENT_REQUESTS requests, none older than RECENT_SECONDS.
+RECENT_REQUESTS = 100
+RECENT_SECONDS = 60.0
+# The router says that most requests lack a session id only once it has seen this many in the
+# window (a handful of health checks is not a client), and at most once per RECENT_SECONDS.
+MISSING_SESSIONS_MIN_REQUESTS = 10
+# ``dynamo-thunderagent doctor`` probes the frontend with session-final requests whose session
+# id starts with this; they are counted apart (``doctor_probes``) and stay out of the window.
+PROBE_SESSION_PREFIX = "thunderagent-doctor-probe-"
+
+
+@dataclass
+class RecentSessions:
+    """Whether each recent request carried a session id: the last ``limit`` within ``seconds``."""
+
+    limit: int = RECENT_REQUESTS
+    seconds: float = RECENT_SECONDS
+    seen: deque[tuple[float, bool]] = field(default_factory=deque)
+
+    def observe(self, has_session: bool, now: float) -> None:
+        self.seen.append((now, has_session))
+        while len(self.seen) > self.limit:
+            self.seen.popleft()
+
+    def counts(self, now: float) -> tuple[int, int]:
+        """(with a session id, without one) among the recent requests at ``now``."""
+        while self.seen and now - self.seen[0][0] > self.seconds:
+            self.seen.popleft()
+        with_session = sum(1 for _, has in self.seen if has)
+        return with_session, len(self.seen) - with_session
+
+
+def missing_sessions_due(with_session: int, without_session: int, last_notice: float | None,
+                         now: float) -> bool:
+    """Whether to say now that most recent requests came without a session id.
+
+    Most means more than half, over at least MISSING_SESSIONS_MIN_REQUESTS requests, and the
+    notice repeats at most once per RECENT_SECONDS.
+    """
+    total = with_session + without_session
+    if total < MISSING_SESSIONS_MIN_REQUESTS or without_session * 2 <= total:
+        return False
+    return last_notice is None or now - last_notice >= RECENT_SECONDS
+
+
+def exposed_workers_due(exposed: frozenset[int], previous: frozenset[int],
+                        last_warning: float | None, now: float) -> bool:
+    """Whether to warn now about workers the frontend can reach directly: when there are
+    some and the set changed, else at most once per RECENT_SECONDS."""
+    if not exposed:
+        return False
+    return exposed != previous or last_warning is None or now - last_warning >= RECENT_SECONDS
 
 
 @dataclass
@@ -31,16 +84,21 @@ class RouterStats:
     errors: int = 0
     orphans: int = 0
     cancelled: int = 0  # clients that left while their request waited for admission
+    doctor_probes: int = 0  # session-final probes from `doctor` (within session_final)
+    with_session: int = 0  # requests that carried X-Dynamo-Session-ID (probes left out)
+    without_session: int = 0  # requests that did not: plain KV routing, no program
     prompt_tokens: int = 0
     cached_tokens: int = 0
     admission_wait_s: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLE_LIMIT))
     # Turns waiting for admission now, by ticket: when each started. A wait cut off by the
     # end of a run is not lost from the figures: it is reported as censored (a lower bound).
     waiting: dict[int, float] = field(default_factory=dict)
+    recent: RecentSessions = field(default_factory=RecentSessions)
 
     def as_dict(self, now: float) -> dict[str, Any]:
         waits = list(self.admission_wait_s)
         oldest = min(self.waiting.values(), default=None)
+        recent_with, recent_without = self.recent.counts(now)
         return {
             "requests": self.requests, "passthrough": self.passthrough,
             "session_final": self.session_final, "completed": self.completed,
@@ -54,6 +112,10 @@ class RouterStats:
             "admission_wait_max_s": max(waits, default=None),
             "admission_waiting": len(self.waiting),
             "admission_wait_censored_max_s": None if oldest is None else now - oldest,
+            "doctor_probes": self.doctor_probes,
+            "with_session": self.with_session, "without_session": self.without_session,
+            "recent_with_session": recent_with, "recent_without_session": recent_without,
+            "recent_window": {"requests": self.recent.limit, "seconds": self.recent.seconds},
         }
 
 

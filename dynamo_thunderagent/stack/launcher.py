@@ -49,7 +49,12 @@ from dynamo_thunderagent.stack.readiness import (
     worker_instances,
 )
 from dynamo_thunderagent.stack.tiny_model import build_tiny_model
-from dynamo_thunderagent.stack.topology import LOOPBACK, http_url
+from dynamo_thunderagent.stack.topology import (
+    LOOPBACK,
+    WORKER_COMPONENT,
+    WORKER_ENDPOINT_NAME,
+    http_url,
+)
 from dynamo_thunderagent.stack.zmq_broker import broker_url
 
 # StackConfig and StackError live in their own modules; they are importable from here too,
@@ -288,6 +293,25 @@ class LocalStack:
         assert router is not None
         return router.pid
 
+    def start_worker_in(self, namespace: str, timeout: float | None = None) -> StackProcess:
+        """Start one more mocker worker, like the others but serving in ``namespace``.
+
+        In the router's namespace this builds the misconfiguration ``doctor`` reports: a
+        frontend scoped to that namespace reaches the worker directly. The worker is listed
+        in ``processes`` (stopped with the stack) after the others, so their indices keep;
+        this returns once discovery lists its model card.
+        """
+        self._check_running()
+        endpoint = f"{namespace}.{WORKER_COMPONENT}.{WORKER_ENDPOINT_NAME}"
+        proc = self._spawn(f"worker-{len(self.workers)}-{namespace}", "worker",
+                           self._mocker_argv(endpoint), self._env,
+                           system_port=free_system_port())
+        deadline = time.monotonic() + (timeout or self.config.startup_timeout_s)
+        self._wait_for(Readiness(
+            lambda: bool(worker_instances(self.kv_dir, namespace, {proc.system_port: 0})),
+            f"a worker to register in namespace {namespace!r}"), deadline)
+        return proc
+
     def assert_alive(self) -> None:
         """Raise StackError naming any process that has exited."""
         dead = [p for p in self.processes if not p.alive()]
@@ -316,13 +340,13 @@ class LocalStack:
 
     # ----- internals ---------------------------------------------------------------------
 
-    def _mocker_argv(self) -> list[str]:
+    def _mocker_argv(self, endpoint: str | None = None) -> list[str]:
         cfg = self.config
         return [
             cfg.python, "-m", "dynamo.mocker",
             "--model-path", str(self.model_path),
             "--model-name", cfg.model_name,
-            "--endpoint", f"dyn://{self.worker_endpoint}",
+            "--endpoint", f"dyn://{endpoint or self.worker_endpoint}",
             "--num-gpu-blocks-override", str(cfg.num_gpu_blocks),
             "--block-size", str(cfg.block_size),
             "--speedup-ratio", str(cfg.speedup_ratio),

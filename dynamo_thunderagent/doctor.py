@@ -1,0 +1,374 @@
+"""``doctor``'s verdicts: from facts gathered about a deployment to findings with fixes.
+
+A misconfigured deployment does not fail, it silently routes around the scheduler: a frontend
+not scoped to the router's namespace, workers registered where that frontend sees them, clients
+that never send a session id. Each check here turns facts (what discovery lists, which instance
+served the frontend's probes, the router's counters) into a :class:`Finding`: ok, warn or fail,
+what was found, and what to change. Everything here is pure; the shell that gathers the facts is
+:mod:`dynamo_thunderagent.dynamo.doctor`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from dynamo_thunderagent.dynamo.stats import MISSING_SESSIONS_MIN_REQUESTS
+
+Status = Literal["ok", "warn", "fail"]
+SESSION_HEADER_FIX = ("send X-Dynamo-Session-ID: <stable id> on every turn of an agent "
+                      "(examples/agent_loop.py shows the loop)")
+# The namespace a frontend cannot be scoped to: it discovers every namespace with it.
+UNSCOPED_NAMESPACE = "dynamo"
+
+
+@dataclass(frozen=True)
+class Finding:
+    status: Status
+    check: str  # which question: discovery, router, workers, capacity, exposure, frontend...
+    found: str
+    fix: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What ``serve`` was (or should be) started with."""
+
+    worker_endpoint: str  # ns.component.endpoint the workers serve
+    router_endpoint: str  # ns.component.endpoint the router serves
+    model_name: str
+
+    @property
+    def router_namespace(self) -> str:
+        return self.router_endpoint.split(".")[0]
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One model card in discovery: who serves which model where."""
+
+    namespace: str
+    component: str
+    endpoint: str
+    instance_id: int
+    model: str | None
+    total_kv_blocks: int | None  # the capacity card; None when not published
+
+    @property
+    def path(self) -> str:
+        return f"{self.namespace}.{self.component}.{self.endpoint}"
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What discovery lists; ``error`` when it could not be read."""
+
+    backend: str
+    where: str
+    cards: tuple[Registration, ...] = ()
+    error: str | None = None
+    listable: bool = True  # False: a backend doctor cannot list (only file is read)
+
+
+@dataclass(frozen=True)
+class FrontendView:
+    """What the frontend answered: the models it lists and which instance served each probe."""
+
+    url: str
+    models: tuple[str, ...] | None = None
+    served_by: tuple[int, ...] = ()
+    probes: int = 0
+    error: str | None = None  # the frontend could not be reached or answered badly
+    probe_errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RouterView:
+    """The router's counters (its GET /state), less doctor's own probes."""
+
+    url: str
+    recent_with_session: int = 0
+    recent_without_session: int = 0
+    window_requests: int = 0
+    window_seconds: float = 0.0
+    with_session: int = 0
+    session_finals: int = 0
+    live_workers: tuple[int, ...] = ()
+    programs: int = 0
+    error: str | None = None
+
+
+def router_view(url: str, state: Mapping[str, Any]) -> RouterView:
+    """The counters doctor needs from a router's /state; ValueError naming what is missing."""
+    router = state.get("router")
+    scheduler = state.get("scheduler")
+    if not isinstance(router, Mapping) or not isinstance(scheduler, Mapping):
+        raise ValueError(f"{url} is not a ThunderAgent router's /state (no 'router' and "
+                         "'scheduler' objects)")
+    missing = [key for key in ("recent_with_session", "recent_without_session", "with_session",
+                               "session_final", "doctor_probes", "recent_window")
+               if key not in router]
+    if missing:
+        raise ValueError(f"{url}: the router's counters lack {', '.join(missing)}; it predates "
+                         "doctor (upgrade dynamo-thunderagent on the router)")
+    window = router["recent_window"]
+    return RouterView(
+        url=url,
+        recent_with_session=int(router["recent_with_session"]),
+        recent_without_session=int(router["recent_without_session"]),
+        window_requests=int(window["requests"]), window_seconds=float(window["seconds"]),
+        with_session=int(router["with_session"]),
+        session_finals=int(router["session_final"]) - int(router["doctor_probes"]),
+        live_workers=tuple(int(w) for w in state.get("live_workers") or ()),
+        programs=len(scheduler.get("programs") or {}),
+    )
+
+
+# ---- the checks ------------------------------------------------------------------------------
+def diagnose(settings: Settings, discovery: Discovery, frontend: FrontendView | None,
+             router: RouterView | None) -> list[Finding]:
+    """Every finding, in the order a reader fixes them: discovery, then the path a request
+    takes (frontend, router, workers), then what clients send."""
+    findings = check_discovery(settings, discovery)
+    if frontend is None:
+        findings.append(Finding("warn", "frontend", "not checked (no --frontend URL given)",
+                                "pass --frontend http://HOST:PORT of the Dynamo frontend"))
+    else:
+        findings += check_frontend(settings, discovery, frontend)
+    if router is None:
+        findings.append(Finding("warn", "sessions",
+                                "not checked (no --state URL given): the share of requests "
+                                "with a session id comes from the router's counters",
+                                "start serve with --state-port P and pass --state "
+                                "http://127.0.0.1:P/state"))
+    else:
+        findings += check_router(router)
+    return findings
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _listing(cards: Sequence[Registration]) -> str:
+    by_path: dict[str, list[int]] = {}
+    for card in cards:
+        by_path.setdefault(card.path, []).append(card.instance_id)
+    return "; ".join(f"{path} (instances {', '.join(str(i) for i in sorted(ids))})"
+                     for path, ids in sorted(by_path.items()))
+
+
+def check_discovery(settings: Settings, discovery: Discovery) -> list[Finding]:
+    """Routers, workers, capacity cards, and workers registered where the frontend sees them."""
+    if not discovery.listable:
+        return [Finding("warn", "discovery",
+                        f"backend {discovery.backend!r}: {discovery.error}",
+                        "run doctor where the file store is readable, or check the "
+                        "registrations with the backend's own tools")]
+    if discovery.error is not None:
+        return [Finding("fail", "discovery", f"backend {discovery.backend!r} at "
+                        f"{discovery.where}: {discovery.error}",
+                        "run doctor with the same DYN_DISCOVERY_BACKEND and DYN_FILE_KV "
+                        "as serve, the frontend and the workers")]
+    model = settings.model_name
+    cards = [card for card in discovery.cards if card.model == model]
+    findings = [Finding("ok", "discovery",
+                        f"backend {discovery.backend!r} at {discovery.where}: "
+                        f"{_count(len(discovery.cards), 'model registration')}, {len(cards)} of "
+                        f"model {model!r}")]
+    routers = [c for c in cards if c.path == settings.router_endpoint]
+    workers = [c for c in discovery.cards if c.path == settings.worker_endpoint]
+    if routers:
+        findings.append(Finding("ok", "router", f"the router serves {model!r} at "
+                                f"{_listing(routers)}"))
+    else:
+        findings.append(Finding("fail", "router",
+                                f"no router serves {model!r} at {settings.router_endpoint}",
+                                "start `dynamo-thunderagent serve` with --model-name "
+                                f"{model} --router-endpoint {settings.router_endpoint} and the "
+                                "same discovery settings, or pass doctor the --router-endpoint "
+                                "serve runs with"))
+    findings += _check_workers(settings, workers)
+    findings += _check_exposure(settings, cards)
+    return findings
+
+
+def _check_workers(settings: Settings, workers: Sequence[Registration]) -> list[Finding]:
+    model = settings.model_name
+    if not workers:
+        return [Finding("fail", "workers", f"no worker registered at {settings.worker_endpoint}",
+                        f"start the engines with --endpoint dyn://{settings.worker_endpoint}, "
+                        "or pass doctor the --endpoint serve runs with")]
+    findings = []
+    others = sorted({repr(w.model) for w in workers if w.model != model})
+    if others:
+        findings.append(Finding("fail", "workers",
+                                f"workers at {settings.worker_endpoint} serve {', '.join(others)}"
+                                f", not {model!r}",
+                                "give serve the --model-name the workers serve"))
+    serving = [w for w in workers if w.model == model]
+    if serving:
+        findings.append(Finding("ok", "workers", f"{model!r} is served by "
+                                f"{_count(len(serving), 'worker')} at "
+                                f"{_listing(serving)}"))
+    blind = [w for w in serving if not w.total_kv_blocks]
+    if blind:
+        findings.append(Finding(
+            "warn", "capacity",
+            f"{len(blind)} of {len(serving)} workers publish no capacity card "
+            f"(runtime_config.total_kv_blocks): instances "
+            f"{', '.join(str(w.instance_id) for w in blind)}; the scheduler cannot count their "
+            "KV capacity and admits to them as at a cold start",
+            "run engines that publish total_kv_blocks in their model card (vLLM, SGLang and "
+            "TensorRT-LLM do once their KV cache is allocated; the mocker with "
+            "--num-gpu-blocks-override)"))
+    elif serving:
+        blocks = sorted({int(w.total_kv_blocks or 0) for w in serving})
+        findings.append(Finding("ok", "capacity", f"every worker publishes a capacity card "
+                                f"(total_kv_blocks {', '.join(str(b) for b in blocks)})"))
+    return findings
+
+
+def _check_exposure(settings: Settings, cards: Sequence[Registration]) -> list[Finding]:
+    """Model cards the frontend could route to directly, around the router."""
+    namespace = settings.router_namespace
+    worker_namespace = settings.worker_endpoint.split(".")[0]
+    if namespace == UNSCOPED_NAMESPACE:
+        return [Finding("fail", "exposure",
+                        f"the router serves in namespace {namespace!r}, which a frontend "
+                        "cannot be scoped to: it also discovers the workers and routes to them "
+                        "directly",
+                        "serve the router in a namespace of its own (--router-endpoint "
+                        "ta.router.generate) and start the frontend with --namespace ta")]
+    beside = [c for c in cards
+              if c.namespace == namespace and c.path != settings.router_endpoint]
+    if beside:
+        return [Finding("fail", "exposure",
+                        f"{settings.model_name!r} is also served in the router's namespace "
+                        f"{namespace!r} by {_listing(beside)}: a frontend scoped to "
+                        f"{namespace!r} routes requests to them directly, around the scheduler",
+                        f"start those workers with --endpoint dyn://{settings.worker_endpoint} "
+                        f"(any namespace but {namespace!r})")]
+    elsewhere = [c for c in cards if c.namespace not in (namespace, worker_namespace)]
+    findings = [Finding("ok", "exposure", f"nothing else serves {settings.model_name!r} in the "
+                        f"router's namespace {namespace!r}")]
+    if elsewhere:
+        findings.append(Finding("warn", "exposure",
+                                f"{settings.model_name!r} is also served by {_listing(elsewhere)}"
+                                ": a frontend not scoped to the router's namespace routes there "
+                                "too",
+                                f"start every frontend with --namespace {namespace}"))
+    return findings
+
+
+def check_frontend(settings: Settings, discovery: Discovery,
+                   frontend: FrontendView) -> list[Finding]:
+    """Does the frontend list the model, and did every probe go through the router?"""
+    model = settings.model_name
+    if frontend.error is not None:
+        return [Finding("fail", "frontend", f"{frontend.url}: {frontend.error}",
+                        "pass --frontend the base URL the clients use (http://HOST:PORT)")]
+    if frontend.models is not None and model not in frontend.models:
+        listed = ", ".join(repr(m) for m in frontend.models) or "no model"
+        return [Finding("fail", "frontend", f"{frontend.url} lists {listed}, not {model!r}",
+                        f"start the frontend with --namespace {settings.router_namespace} and "
+                        "the same discovery settings as the router")]
+    findings = [Finding("ok", "frontend", f"{frontend.url} lists {model!r}")]
+    if frontend.probe_errors:
+        findings.append(Finding("warn", "frontend",
+                                f"{len(frontend.probe_errors)} of {frontend.probes} probes "
+                                f"failed: {frontend.probe_errors[0]}",
+                                "check the frontend's and the router's logs"))
+    if not frontend.served_by:
+        if frontend.probes:
+            findings.append(Finding("warn", "frontend", "no probe reported the instance that "
+                                    "served it (nvext.worker_id)", None))
+        return findings
+    routers = {c.instance_id for c in discovery.cards if c.path == settings.router_endpoint}
+    where = {c.instance_id: c.path for c in discovery.cards}
+    around = [i for i in frontend.served_by if i not in routers]
+    if not around:
+        findings.append(Finding("ok", "frontend", f"all {len(frontend.served_by)} probes went "
+                                "through the router"))
+        return findings
+    names = sorted({where.get(i, f"instance {i}") for i in around})
+    in_namespace = all(where.get(i, "").split(".")[0] == settings.router_namespace
+                       for i in around)
+    fix = (f"start those workers with --endpoint dyn://{settings.worker_endpoint}"
+           if in_namespace else
+           f"start the frontend with --namespace {settings.router_namespace} (exact match; "
+           f"never {UNSCOPED_NAMESPACE!r}) so that it sees only the router")
+    findings.append(Finding("fail", "frontend",
+                            f"{len(around)} of {len(frontend.served_by)} probes bypassed the "
+                            f"router: served by {', '.join(names)}", fix))
+    return findings
+
+
+def check_router(router: RouterView) -> list[Finding]:
+    """What the router's counters say: live workers, session ids, session-finals."""
+    if router.error is not None:
+        return [Finding("fail", "sessions", f"{router.url}: {router.error}",
+                        "pass --state the router's state URL (serve --state-port P: "
+                        "http://127.0.0.1:P/state)")]
+    findings = []
+    if not router.live_workers:
+        findings.append(Finding("fail", "router", "the router sees no live worker",
+                                "start the workers at the --endpoint serve was given, with the "
+                                "same discovery settings"))
+    else:
+        findings.append(Finding("ok", "router", f"the router sees "
+                                f"{_count(len(router.live_workers), 'live worker')} and holds "
+                                f"{_count(router.programs, 'program')}"))
+    total = router.recent_with_session + router.recent_without_session
+    window = (f"the last {total} requests (window: {router.window_requests} requests, "
+              f"{router.window_seconds:g} s)")
+    if total == 0:
+        findings.append(Finding("ok", "sessions", f"no requests in the router's recent window "
+                                f"({router.window_requests} requests, "
+                                f"{router.window_seconds:g} s)"))
+    elif total >= MISSING_SESSIONS_MIN_REQUESTS and router.recent_with_session == 0:
+        findings.append(Finding("fail", "sessions", f"none of {window} carried "
+                                "X-Dynamo-Session-ID: every request bypasses the program table "
+                                "(plain KV routing)", SESSION_HEADER_FIX))
+    elif router.recent_without_session * 2 > total:
+        findings.append(Finding("warn", "sessions", f"{router.recent_without_session} of {window} "
+                                "carried no X-Dynamo-Session-ID: they bypass the program table",
+                                SESSION_HEADER_FIX))
+    else:
+        findings.append(Finding("ok", "sessions", f"{router.recent_with_session} of {window} "
+                                "carried a session id"))
+    if router.with_session and not router.session_finals:
+        findings.append(Finding("warn", "session-final",
+                                f"{router.with_session} requests carried a session id and no "
+                                "session-final arrived: finished programs keep their capacity "
+                                "until session_retention_seconds idle",
+                                "send one request with X-Dynamo-Session-Final: true when an "
+                                "agent is done"))
+    else:
+        findings.append(Finding("ok", "session-final",
+                                f"{_count(router.session_finals, 'session-final')} arrived"))
+    return findings
+
+
+# ---- output ------------------------------------------------------------------------------------
+def failed(findings: Sequence[Finding]) -> bool:
+    return any(f.status == "fail" for f in findings)
+
+
+def render_text(findings: Sequence[Finding]) -> str:
+    """One line per finding (status, check, what was found), its fix indented below."""
+    lines = []
+    for f in findings:
+        lines.append(f"{f.status.upper():<5} {f.check:<13} {f.found}")
+        if f.fix and f.status != "ok":
+            lines.append(f"{'':<5} {'':<13} fix: {f.fix}")
+    counts = {s: sum(1 for f in findings if f.status == s) for s in ("ok", "warn", "fail")}
+    lines.append(f"{counts['fail']} fail, {counts['warn']} warn, {counts['ok']} ok")
+    return "\n".join(lines)
+
+
+def render_json(findings: Sequence[Finding]) -> str:
+    return json.dumps({"ok": not failed(findings),
+                       "findings": [asdict(f) for f in findings]}, indent=1)

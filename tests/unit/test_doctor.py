@@ -1,0 +1,198 @@
+"""doctor's verdicts (the pure core): each misconfiguration that bypasses the scheduler is a
+finding with a fix; a healthy deployment has no fail."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from dynamo_thunderagent.doctor import (
+    Discovery,
+    Finding,
+    FrontendView,
+    Registration,
+    RouterView,
+    Settings,
+    check_discovery,
+    check_frontend,
+    check_router,
+    diagnose,
+    failed,
+    render_json,
+    render_text,
+    router_view,
+)
+
+SETTINGS = Settings("ta-workers.backend.generate", "ta.router.generate", "tiny")
+ROUTER = Registration("ta", "router", "generate", 1, "tiny", None)
+WORKER_A = Registration("ta-workers", "backend", "generate", 11, "tiny", 256)
+WORKER_B = Registration("ta-workers", "backend", "generate", 22, "tiny", 256)
+STRAY = Registration("ta", "backend", "generate", 33, "tiny", 256)
+HEALTHY = Discovery("file", "/kv", (ROUTER, WORKER_A, WORKER_B))
+FRONTEND = FrontendView("http://127.0.0.1:8000", models=("tiny",), served_by=(1, 1, 1), probes=3)
+ROUTER_VIEW = RouterView("http://127.0.0.1:9000/state", recent_with_session=40,
+                         recent_without_session=2, window_requests=100, window_seconds=60,
+                         with_session=40, session_finals=5, live_workers=(11, 22), programs=3)
+
+
+def by_check(findings: list[Finding], check: str) -> list[Finding]:
+    return [f for f in findings if f.check == check]
+
+
+def statuses(findings: list[Finding], check: str) -> list[str]:
+    return [f.status for f in by_check(findings, check)]
+
+
+def test_a_healthy_deployment_has_no_warning_and_no_failure() -> None:
+    findings = diagnose(SETTINGS, HEALTHY, FRONTEND, ROUTER_VIEW)
+    assert {f.status for f in findings} == {"ok"}, render_text(findings)
+    assert not failed(findings)
+    checks = {f.check for f in findings}
+    assert checks == {"discovery", "router", "workers", "capacity", "exposure", "frontend",
+                      "sessions", "session-final"}
+
+
+def test_workers_registered_in_the_routers_namespace_fail_with_the_endpoint_to_use() -> None:
+    findings = check_discovery(SETTINGS, Discovery("file", "/kv", (ROUTER, WORKER_A, STRAY)))
+    [exposure] = by_check(findings, "exposure")
+    assert exposure.status == "fail"
+    assert "ta.backend.generate (instances 33)" in exposure.found
+    assert exposure.fix is not None and "dyn://ta-workers.backend.generate" in exposure.fix
+
+
+def test_a_router_in_namespace_dynamo_fails_because_no_frontend_can_be_scoped_to_it() -> None:
+    settings = Settings("w.backend.generate", "dynamo.router.generate", "tiny")
+    router = Registration("dynamo", "router", "generate", 1, "tiny", None)
+    worker = Registration("w", "backend", "generate", 2, "tiny", 8)
+    findings = check_discovery(settings, Discovery("file", "/kv", (router, worker)))
+    assert statuses(findings, "exposure") == ["fail"]
+
+
+def test_the_model_served_in_a_third_namespace_is_a_warning() -> None:
+    other = Registration("dynamo", "backend", "generate", 44, "tiny", 256)
+    findings = check_discovery(SETTINGS, Discovery("file", "/kv", (ROUTER, WORKER_A, other)))
+    assert statuses(findings, "exposure") == ["ok", "warn"]
+
+
+def test_no_router_or_no_workers_fail_and_name_the_flags() -> None:
+    findings = check_discovery(SETTINGS, Discovery("file", "/kv", (WORKER_A,)))
+    [router] = by_check(findings, "router")
+    assert router.status == "fail" and "--router-endpoint ta.router.generate" in str(router.fix)
+    findings = check_discovery(SETTINGS, Discovery("file", "/kv", (ROUTER,)))
+    [workers] = by_check(findings, "workers")
+    assert workers.status == "fail"
+    assert "--endpoint dyn://ta-workers.backend.generate" in str(workers.fix)
+
+
+def test_workers_of_another_model_fail() -> None:
+    wrong = Registration("ta-workers", "backend", "generate", 11, "big", 256)
+    findings = check_discovery(SETTINGS, Discovery("file", "/kv", (ROUTER, wrong)))
+    assert statuses(findings, "workers") == ["fail"]
+    assert "serve 'big', not 'tiny'" in by_check(findings, "workers")[0].found
+
+
+def test_workers_without_a_capacity_card_are_a_warning() -> None:
+    blind = Registration("ta-workers", "backend", "generate", 22, "tiny", None)
+    findings = check_discovery(SETTINGS, Discovery("file", "/kv", (ROUTER, WORKER_A, blind)))
+    [capacity] = by_check(findings, "capacity")
+    assert capacity.status == "warn" and "1 of 2 workers" in capacity.found
+    assert "22" in capacity.found
+
+
+def test_an_unreadable_store_fails_and_an_unlisted_backend_warns() -> None:
+    findings = check_discovery(SETTINGS, Discovery("file", "/nope", error="no model cards"))
+    assert [f.status for f in findings] == ["fail"] and "DYN_FILE_KV" in str(findings[0].fix)
+    findings = check_discovery(SETTINGS, Discovery("etcd", "etcd", listable=False,
+                                                   error="file only"))
+    assert [f.status for f in findings] == ["warn"]
+
+
+def test_probes_served_by_workers_mean_an_unscoped_frontend() -> None:
+    frontend = FrontendView("http://f", models=("tiny",), served_by=(1, 11, 1, 11), probes=4)
+    findings = check_frontend(SETTINGS, HEALTHY, frontend)
+    [bypass] = [f for f in findings if f.status == "fail"]
+    assert "2 of 4 probes bypassed the router" in bypass.found
+    assert "ta-workers.backend.generate" in bypass.found
+    assert bypass.fix is not None and "--namespace ta" in bypass.fix
+
+
+def test_probes_served_by_workers_in_the_routers_namespace_say_to_move_the_workers() -> None:
+    frontend = FrontendView("http://f", models=("tiny",), served_by=(1, 33), probes=2)
+    discovery = Discovery("file", "/kv", (ROUTER, WORKER_A, STRAY))
+    [bypass] = [f for f in check_frontend(SETTINGS, discovery, frontend) if f.status == "fail"]
+    assert "dyn://ta-workers.backend.generate" in str(bypass.fix)
+
+
+def test_a_frontend_that_is_unreachable_or_lists_another_model_fails() -> None:
+    down = check_frontend(SETTINGS, HEALTHY, FrontendView("http://f", error="unreachable"))
+    assert [f.status for f in down] == ["fail"]
+    other = check_frontend(SETTINGS, HEALTHY, FrontendView("http://f", models=("big",)))
+    assert [f.status for f in other] == ["fail"] and "'big'" in other[0].found
+
+
+def test_failed_probes_warn_and_unreported_workers_warn() -> None:
+    view = FrontendView("http://f", models=("tiny",), probes=2, probe_errors=("HTTP 500", "x"))
+    findings = check_frontend(SETTINGS, HEALTHY, view)
+    assert [f.status for f in findings] == ["ok", "warn", "warn"]
+
+
+@pytest.mark.parametrize(("with_session", "without", "status"), [
+    (0, 0, "ok"), (0, 20, "fail"), (0, 3, "warn"), (4, 6, "warn"), (5, 5, "ok"), (9, 1, "ok"),
+])
+def test_the_share_of_recent_requests_with_a_session_id(with_session: int, without: int,
+                                                         status: str) -> None:
+    view = RouterView("u", recent_with_session=with_session, recent_without_session=without,
+                      window_requests=100, window_seconds=60, with_session=with_session,
+                      session_finals=1, live_workers=(11,))
+    assert statuses(check_router(view), "sessions") == [status]
+
+
+def test_sessions_without_any_session_final_are_a_warning() -> None:
+    view = RouterView("u", recent_with_session=5, with_session=5, session_finals=0,
+                      live_workers=(11,))
+    [final] = by_check(check_router(view), "session-final")
+    assert final.status == "warn" and "X-Dynamo-Session-Final: true" in str(final.fix)
+
+
+def test_a_router_without_live_workers_or_unreadable_state_fails() -> None:
+    assert statuses(check_router(RouterView("u")), "router") == ["fail"]
+    assert [f.status for f in check_router(RouterView("u", error="refused"))] == ["fail"]
+
+
+def test_without_frontend_or_state_urls_those_checks_are_warnings() -> None:
+    findings = diagnose(SETTINGS, HEALTHY, None, None)
+    assert statuses(findings, "frontend") == ["warn"] and statuses(findings, "sessions") == [
+        "warn"]
+
+
+def _state(**router: Any) -> dict[str, Any]:
+    counters = {"recent_with_session": 3, "recent_without_session": 1, "with_session": 9,
+                "session_final": 4, "doctor_probes": 2,
+                "recent_window": {"requests": 100, "seconds": 60.0}}
+    counters.update(router)
+    return {"router": counters, "scheduler": {"programs": {"a": {}}}, "live_workers": [11]}
+
+
+def test_router_view_reads_the_counters_less_doctors_own_probes() -> None:
+    view = router_view("u", _state())
+    assert (view.recent_with_session, view.recent_without_session) == (3, 1)
+    assert view.session_finals == 2 and view.programs == 1 and view.live_workers == (11,)
+
+
+def test_router_view_rejects_a_document_that_is_not_a_routers_state() -> None:
+    with pytest.raises(ValueError, match="not a ThunderAgent router's /state"):
+        router_view("u", {"hello": 1})
+    state = _state()
+    del state["router"]["doctor_probes"]
+    with pytest.raises(ValueError, match="lack doctor_probes"):
+        router_view("u", state)
+
+
+def test_the_renderings_carry_every_finding_and_the_fixes() -> None:
+    findings = [Finding("ok", "router", "fine"), Finding("fail", "frontend", "bad", "do this")]
+    text = render_text(findings)
+    assert "FAIL  frontend" in text and "fix: do this" in text and "1 fail, 0 warn, 1 ok" in text
+    document = json.loads(render_json(findings))
+    assert document["ok"] is False and document["findings"][1]["fix"] == "do this"
