@@ -148,6 +148,7 @@ def run_stack_cli(args: argparse.Namespace) -> int:
             "run_dir": str(stack.run_dir),
             "pids": {p.name: p.pid for p in stack.processes},
             "metrics": stack.metrics_urls,
+            "state": stack.state_url,  # our router's GET /state (arm ours), else None
         }
         print(json.dumps(summary, indent=2), file=sys.stderr, flush=True)
         while not stop.wait(1.0):
