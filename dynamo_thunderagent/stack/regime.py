@@ -179,9 +179,9 @@ def banner(
         ]
         if regime.host_blocks:
             lines.append(
-                f"  host KV tier: {regime.host_blocks:,} blocks per worker; arm ours learns "
-                f"of it from its policy (request_classifier.parameters.host_kv_blocks: "
-                f"{regime.host_blocks})"
+                f"  host KV tier: {regime.host_blocks:,} blocks per worker; Dynamo's cards do "
+                "not publish it, so a --policy for arm ours should set "
+                f"request_classifier.parameters.host_kv_blocks: {regime.host_blocks}"
             )
         scale = regime.token_scale
         lines.append(
