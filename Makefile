@@ -14,7 +14,7 @@ AIPERF_VENV ?= .venv-aiperf
 AIPERF_VERSION := 0.13.0
 AIPERF_STAMP := $(AIPERF_VENV)/.installed-$(AIPERF_VERSION)
 
-.PHONY: setup aiperf test unit e2e lint demo clean
+.PHONY: setup aiperf test unit e2e lint wheel-check demo clean
 
 setup: $(STAMP)
 
@@ -43,7 +43,12 @@ unit: setup
 e2e: setup aiperf
 	$(PY) -m pytest -q -m e2e
 
-test: lint aiperf
+# The wheel builds, installs outside the checkout and its entry point runs with the package
+# data it ships (.ci/wheel-check; about 15 s, nothing downloaded).
+wheel-check: setup
+	.ci/wheel-check $(PY)
+
+test: lint wheel-check aiperf
 	$(PY) -m pytest -q
 
 demo: setup

@@ -1,4 +1,6 @@
-"""Where the shipped router-policy files are (in a checkout or an editable install)."""
+"""Where the shipped router-policy files are: ``policies/`` of a checkout (an editable install
+reads it through the package's ``policies`` link to it) or the copy a wheel ships in the
+package."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from typing import Any
 
 import yaml
 
-POLICY_DIR = Path(__file__).resolve().parents[1] / "policies"
+POLICY_DIR = (Path(__file__).resolve().parent / "policies").resolve()
 # Dynamo's parameter set only: the file both Dynamo's builtin plugin and ours read.
 PARITY_POLICY = POLICY_DIR / "thunderagent.yaml"
 # Our mechanisms on top; what arm `ours` runs unless told otherwise.

@@ -1,17 +1,33 @@
-"""``python -m dynamo_thunderagent.stack``: bring a local stack up; keep it up until signalled."""
+"""``python -m dynamo_thunderagent.stack``: bring a local stack up; keep it up until signalled.
+
+``--regime`` runs the stack as ``bench live`` runs that regime (KV pool, mocker clock and
+timing tables; see :mod:`dynamo_thunderagent.stack.regime`); without it the mocker keeps its
+built-in timing on a small pool, as before. Either way the sizing is printed on stderr before
+anything starts, and the URL on stdout once the model is served.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
 
+from dynamo_thunderagent.bench.regimes import REGIME_NAMES
 from dynamo_thunderagent.stack.arms import ARM_NAMES, BASELINE_ARM
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig, StackError
+from dynamo_thunderagent.stack.regime import (
+    DEFAULT_BLOCKS,
+    DEFAULT_SPEEDUP_RATIO,
+    StackRegime,
+    banner,
+    prepare_stack_regime,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,16 +40,25 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"system under test (default: {BASELINE_ARM})",
     )
     parser.add_argument(
+        "--regime", choices=REGIME_NAMES, default=None,
+        help="run a benchmark regime: the KV pool, mocker clock and timing tables `bench live "
+        "--regime` uses (default: none, the mocker's built-in timing at --speedup-ratio "
+        f"{DEFAULT_SPEEDUP_RATIO:g} on {DEFAULT_BLOCKS} blocks a worker)",
+    )
+    parser.add_argument(
         "--workers", type=int, default=2, help="mocker worker processes (default: 2)"
     )
     parser.add_argument(
-        "--blocks", type=int, default=256, help="KV blocks per worker (default: 256)"
+        "--blocks", type=int, default=None,
+        help=f"KV blocks per worker (default: {DEFAULT_BLOCKS}; with --regime, the benchmark's "
+        "sizing)",
     )
     parser.add_argument(
         "--block-size", type=int, default=16, help="tokens per KV block (default: 16)"
     )
     parser.add_argument(
-        "--speedup-ratio", type=float, default=10.0, help="mocker speedup (default: 10)"
+        "--speedup-ratio", type=float, default=None,
+        help=f"mocker speedup (default: {DEFAULT_SPEEDUP_RATIO:g}; a --regime sets its own)",
     )
     parser.add_argument(
         "--policy", type=Path, default=None, help="router-policy YAML for --arm builtin or ours"
@@ -54,14 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> StackConfig:
-    import shlex
-
+    """The stack the flags describe, before any regime is applied."""
+    speedup = args.speedup_ratio
+    blocks = args.blocks
     return StackConfig(
         arm=args.arm,
         num_workers=args.workers,
-        num_gpu_blocks=args.blocks,
+        num_gpu_blocks=DEFAULT_BLOCKS if blocks is None else blocks,
         block_size=args.block_size,
-        speedup_ratio=args.speedup_ratio,
+        speedup_ratio=DEFAULT_SPEEDUP_RATIO if speedup is None else speedup,
         policy=args.policy,
         http_port=args.port,
         run_dir=args.run_dir,
@@ -70,30 +96,59 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
     )
 
 
+def regime_from_args(args: argparse.Namespace, config: StackConfig) -> StackRegime | None:
+    """Size ``--regime`` (None without it) and apply it to ``config``; the regime's mocker
+    profile goes into the run dir, which is created here when none was given.
+
+    Raises ValueError for flags the regime decides itself.
+    """
+    name = args.regime
+    if name is None:
+        return None
+    if args.speedup_ratio is not None:
+        raise ValueError(
+            f"--speedup-ratio: regime {name} sets the mocker's clock itself (its timing "
+            "tables are scaled to it); drop the flag, or drop --regime"
+        )
+    if config.run_dir is None:
+        config.run_dir = Path(tempfile.mkdtemp(prefix="dta-stack-"))
+    regime = prepare_stack_regime(
+        name, config.run_dir.resolve(), workers=config.num_workers,
+        block_size=config.block_size, blocks=args.blocks,
+    )  # fmt: skip
+    regime.apply(config)
+    return regime
+
+
 def run_stack_cli(args: argparse.Namespace) -> int:
-    """Start the stack, print its URL (and a JSON summary), block until SIGINT/SIGTERM, stop."""
+    """Print the sizing, start the stack, print its URL (and a JSON summary), block until
+    SIGINT/SIGTERM, stop."""
     try:
         config = config_from_args(args)
         config.validate()
+        regime = regime_from_args(args, config)
+        stack = LocalStack(config)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    print(banner(regime, config, stack.url, stack.model_path), file=sys.stderr, flush=True)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    stack = LocalStack(config)
     try:
         stack.start()
         print(stack.url, flush=True)
         summary = {
             "url": stack.url,
             "arm": config.arm,
+            "regime": None if regime is None else regime.describe(),
             "run_dir": str(stack.run_dir),
             "pids": {p.name: p.pid for p in stack.processes},
             "metrics": stack.metrics_urls,
+            "state": stack.state_url,  # our router's GET /state (arm ours), else None
         }
         print(json.dumps(summary, indent=2), file=sys.stderr, flush=True)
         while not stop.wait(1.0):
