@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from dynamo_thunderagent.bench.live import LiveConfig, PreparedRegime, prepare_regime
+from dynamo_thunderagent.bench.live_sweep import ArmSpec
 from dynamo_thunderagent.bench.regimes import REGIME_NAMES, Regime, regime_named
+from dynamo_thunderagent.stack.arms import arm_named
 from dynamo_thunderagent.stack.config import StackConfig
 
 # What the stack runs without --regime: the mocker's built-in timing, ten times faster than
@@ -78,10 +80,15 @@ class StackRegime:
         return 0 if tier is None else tier.host_blocks(self.num_gpu_blocks)
 
     def apply(self, config: StackConfig) -> None:
-        """Set ``config``'s pool, clock and mocker flags to the regime's (in place)."""
+        """Set ``config``'s pool, clock and mocker flags to the regime's (in place); an arm
+        whose policy can say how large a host KV tier is gets a policy that says it, as
+        ``bench live`` gives it (unless its own policy file sets ``host_kv_blocks``)."""
         config.num_gpu_blocks = self.num_gpu_blocks
         config.speedup_ratio = self.speedup_ratio
         config.mocker_args = [*config.mocker_args, *self.mocker_args]
+        if self.host_blocks:
+            config.policy = self.prepared.policy_for(ArmSpec(config.arm, config.arm,
+                                                             config.policy))  # fmt: skip
 
     def describe(self) -> dict[str, Any]:
         """The sizing as plain data (the JSON summary the stack prints once it is up)."""
@@ -178,10 +185,13 @@ def banner(
             "its capacity in peak contexts",
         ]
         if regime.host_blocks:
+            told = (f"arm {config.arm} runs {config.policy}" if config.policy is not None
+                    and arm_named(config.arm).configures_host_tier else
+                    "a policy for our router should set it")
             lines.append(
                 f"  host KV tier: {regime.host_blocks:,} blocks per worker; Dynamo's cards do "
-                "not publish it, so a --policy for arm ours should set "
-                f"request_classifier.parameters.host_kv_blocks: {regime.host_blocks}"
+                f"not publish it, so request_classifier.parameters.host_kv_blocks says it "
+                f"({told})"
             )
         scale = regime.token_scale
         lines.append(

@@ -141,3 +141,19 @@ def test_the_banner_without_a_regime_says_it_is_none() -> None:
     assert "regime: none" in text
     assert "2 workers x 256 blocks x 16 tokens = 8,192 KV tokens" in text
     assert "--speedup-ratio 10" in text and URL in text
+
+
+def test_in_the_tiered_regime_arm_ours_runs_a_policy_told_of_the_tier(tmp_path: Path) -> None:
+    import yaml
+
+    args = _args("--regime", "tiered", "--arm", "ours", "--run-dir", str(tmp_path / "run"))
+    config = config_from_args(args)
+    regime = regime_from_args(args, config)
+    assert regime is not None and regime.host_blocks > 0 and config.policy is not None
+    told = yaml.safe_load(config.policy.read_text())
+    assert told["request_classifier"]["parameters"]["host_kv_blocks"] == regime.host_blocks
+    assert f"runs {config.policy}" in banner(regime, config, URL, tmp_path)
+    stock = _args("--regime", "tiered", "--arm", "stock", "--run-dir", str(tmp_path / "s"))
+    stock_config = config_from_args(stock)
+    regime_from_args(stock, stock_config)
+    assert stock_config.policy is None  # the frontend's router takes no policy
