@@ -22,12 +22,14 @@ Sizing, warm start, agents and every figure are ``bench live``'s (``prepare_regi
 What it prints and writes
 -------------------------
 A table with one column per arm: steps/min over the steady window ``[--warmup, --window)``,
-prefix-cache hit rate, recomputed tokens, agent-run completion time (mean, p90, over the agents
-that ran whole inside the run), turn latency p50/p99, admission waits (ours; a turn still
-waiting at the end is reported with its wait so far), programs paused, pauses, resumes and
-moves (ours), then each arm's ratios to the first. Into ``--out`` (default
-``bench-results/demo-<UTC time>/``): ``results.json`` (every figure, the sizing, the timeline)
-and ``demo_<regime>.png`` (steps/min and hit rate over time, one line per arm). One run per
+prefix-cache hit rate, recomputed tokens, agent-run completion time (mean, p90, over the agent
+runs every arm finished whole inside its run: the same programs, since every arm replays the
+same seeded agents; each arm's own ``bench live`` mean is shown too), turn latency p50/p99,
+admission waits (ours; a turn still waiting at the end is reported with its wait so far),
+programs paused, pauses, resumes and moves (ours), then each arm's ratios to the first.
+Into ``--out`` (default ``bench-results/demo-<UTC time>/``): ``results.json`` (every figure,
+the sizing, the timeline) and ``demo_<regime>.png`` (steps/min and hit rate over time, one
+line per arm). One run per
 arm on this machine: the figures are measured, never extrapolated.
 """
 
@@ -46,6 +48,8 @@ from typing import Any, TextIO
 from dynamo_thunderagent.bench.demo_report import (
     SCHEMA,
     TimelineBucket,
+    agent_run_times,
+    paired_agent_runs,
     ratios,
     render_table,
     timeline,
@@ -131,10 +135,12 @@ def workload_note(config: DemoConfig, prepared: PreparedRegime) -> str | None:
 
 @dataclass
 class ArmOutcome:
-    """One arm's run: its ``bench live`` row and its timeline."""
+    """One arm's run: its ``bench live`` row, its timeline, and its finished agent runs
+    (session id -> completion time; None when the run failed)."""
 
     row: dict[str, Any]
     timeline: list[TimelineBucket]
+    agent_runs: dict[str, float] | None
 
 
 def run_arm(
@@ -159,10 +165,19 @@ def run_arm(
     row = make_row(key, result, pressure=sweep.pressures[0], warmup_s=config.warmup_s,
                    window_s=config.window_s)  # fmt: skip
     row.pop("turn_latencies_s", None)
-    buckets = []
-    if result.run is not None:
-        buckets = timeline(result.run.records, bucket_s=config.bucket_s, until_s=config.window_s)
-    return ArmOutcome(row, buckets)
+    if result.run is None:
+        return ArmOutcome(row, [], None)
+    records = result.run.records
+    buckets = timeline(records, bucket_s=config.bucket_s, until_s=config.window_s)
+    return ArmOutcome(row, buckets, agent_run_times(records))
+
+
+def pair_agent_runs(outcomes: list[ArmOutcome]) -> None:
+    """Add each arm's completion time of the agent runs every arm finished to its row."""
+    ran = {o.row["arm"]: o.agent_runs for o in outcomes if o.agent_runs is not None}
+    paired = paired_agent_runs(ran)
+    for o in outcomes:
+        o.row.update(paired.get(o.row["arm"], {}))
 
 
 def build_report(
@@ -218,6 +233,7 @@ def run_demo_config(config: DemoConfig, *, as_json: bool, out: TextIO = sys.stdo
         + (f"\ndemo: note: {sweep.note}" if sweep.note else "")
     )
     outcomes = [run_arm(arm, i, prepared, config, say) for i, arm in enumerate(config.arms)]
+    pair_agent_runs(outcomes)
     meta: dict[str, Any] = {
         "machine": machine_info(),
         "started_at": started_at.isoformat(timespec="seconds"),
@@ -250,8 +266,9 @@ def run_demo_config(config: DemoConfig, *, as_json: bool, out: TextIO = sys.stdo
             f"{sweep.agents[0]} agents at {sweep.pressures[0]:.1f}x the KV capacity. Steps/min, "
             "hit rate and turn latency over the steady window; recomputed tokens: tokens cached "
             "on a program's previous turn and prefilled again (whole KV blocks); agent-run "
-            "completion: first turn to session-final, agents that ran whole inside the run "
-            "(the shorter ones in a short window); turn latency includes admission wait.",
+            "completion: first turn to session-final, over the same agents in every arm (those "
+            "that started at their first turn and finished in every arm: the shorter programs "
+            "in a short window); turn latency includes admission wait.",
             file=out,
         )
         if note:

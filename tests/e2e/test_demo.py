@@ -52,7 +52,8 @@ def test_demo_runs_stock_then_ours_and_reports_every_figure_and_the_picture(
         missing = [k for k in EVERY_ARM if figures.get(k) is None]
         assert not missing, (arm, missing)
         # Agent-run completion may be None (no agent ran whole in a short window): a key.
-        assert {"agent_runs", "agent_run_mean_s", "agent_run_p90_s"} <= set(figures), arm
+        assert {"agent_runs", "agent_run_mean_s", "agent_run_p90_s", "agent_runs_paired",
+                "agent_run_paired_mean_s", "agent_run_paired_p90_s"} <= set(figures), arm
     ours = report["arms"]["ours"]
     assert not [k for k in OURS_ONLY if ours.get(k) is None], ours["scheduler"]
     assert set(report["ratios"]) == {"ours/stock"}

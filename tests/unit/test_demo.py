@@ -10,7 +10,14 @@ import pytest
 from dynamo_thunderagent.bench import demo as demo_module
 from dynamo_thunderagent.bench import regimes
 from dynamo_thunderagent.bench.demo import config_from_args, workload_note
-from dynamo_thunderagent.bench.demo_report import FIGURES, ratios, render_table, timeline
+from dynamo_thunderagent.bench.demo_report import (
+    FIGURES,
+    agent_run_times,
+    paired_agent_runs,
+    ratios,
+    render_table,
+    timeline,
+)
 from dynamo_thunderagent.bench.live import PreparedRegime
 from dynamo_thunderagent.bench.records import RecordKind, TurnRecord
 from dynamo_thunderagent.cli import build_parser
@@ -89,7 +96,7 @@ def test_ratios_are_none_where_either_arm_lacks_the_figure() -> None:
     base = _row("stock", steps_per_min=0.0, hit_rate=0.5)
     other = _row("ours", steps_per_min=10.0, hit_rate=0.75)
     got = ratios(other, base)
-    assert got["steps_per_min"] is None and got["agent_run_mean_s"] is None
+    assert got["steps_per_min"] is None and got["agent_run_paired_mean_s"] is None
     assert got["hit_rate"] == pytest.approx(1.5)
     assert "pauses" not in got
 
@@ -179,3 +186,37 @@ def test_timeline_png_is_written_for_both_arms(tmp_path: Path) -> None:
     path = write_timeline({"stock": buckets, "ours": buckets}, tmp_path / "t.png",
                           title="test", warmup_s=5.0)  # fmt: skip
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ----- agent-run completion -----------------------------------------------------------------
+
+
+def _agent(session: str, start: float, end: float, first_turn: int = 0) -> list[TurnRecord]:
+    turn = TurnRecord(kind="turn", agent=0, session_id=session, turn=first_turn, start=start,
+                      end=start + 1.0, planned_prompt_tokens=10, planned_output_tokens=1)
+    final = TurnRecord(kind="final", agent=0, session_id=session, turn=1, start=end - 0.1,
+                       end=end, planned_prompt_tokens=0, planned_output_tokens=1)
+    return [turn, final]  # fmt: skip
+
+
+def test_agent_run_times_count_whole_runs_only() -> None:
+    records = [*_agent("a", 0.0, 30.0), *_agent("warm", 0.0, 5.0, first_turn=3)]
+    records.append(TurnRecord(kind="turn", agent=1, session_id="unfinished", turn=0, start=1.0,
+                              end=2.0, planned_prompt_tokens=10, planned_output_tokens=1))
+    assert agent_run_times(records) == {"a": 30.0}
+
+
+def test_agent_runs_are_compared_over_the_agents_every_arm_finished() -> None:
+    stock = {"a": 40.0, "b": 60.0}
+    ours = {"a": 30.0, "b": 40.0, "c": 90.0}  # finished one more (a long one) in the window
+    paired = paired_agent_runs({"stock": stock, "ours": ours})
+    assert paired["stock"]["agent_runs_paired"] == paired["ours"]["agent_runs_paired"] == 2
+    assert paired["stock"]["agent_run_paired_mean_s"] == pytest.approx(50.0)
+    assert paired["ours"]["agent_run_paired_mean_s"] == pytest.approx(35.0)
+    assert paired["ours"]["agent_run_paired_p90_s"] == 40.0
+
+
+def test_no_common_agent_run_leaves_the_paired_figures_empty() -> None:
+    paired = paired_agent_runs({"stock": {"a": 1.0}, "ours": {"b": 2.0}})
+    assert paired["ours"] == {"agent_runs_paired": 0, "agent_run_paired_mean_s": None,
+                              "agent_run_paired_p90_s": None}  # fmt: skip
