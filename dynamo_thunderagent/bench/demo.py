@@ -1,329 +1,348 @@
-"""``dynamo-thunderagent demo``: stock KV routing vs our scheduler on one local stack, side by side.
+"""``dynamo-thunderagent demo``: stock KV routing against our scheduler, past the KV knee.
 
-For each arm in turn: start the embedded stack (mocker workers, Dynamo frontend and, for arm
-``ours``, our router component), drive a closed-loop group of agents whose contexts exceed
-the KV capacity (by ``--pressure``, 2.5x by default), read our router's scheduler counters,
-stop the stack, and summarise. Then print one table with every arm's figures and the
-steps/min ratio of each arm to the first.
+What it runs
+------------
+One regime of ``bench live`` (``--regime``, see ``bench/regimes.py``) at one load: the KV
+capacity is sized so that the agents' mean peak contexts add up to ``--pressure`` (3x) the
+capacity, well past the knee where a request-level router starts to thrash. Each arm (stock,
+then ours) gets a fresh local stack (mocker workers, Dynamo's frontend and, for ours, our
+router component) and the same seeded agents for ``--window`` seconds; nothing else differs.
 
-The demo reports what it measured in one run per arm on this machine; nothing is
-extrapolated. The KV capacity is sized from the agents' plans, so ``--agents`` moves the
-pressure only if ``--blocks`` is given.
+* ``calibrated`` (default): the shipped SWE-agent trace (``../shared/traces``) replayed, with
+  the mocker's prefill and decode tables fitted to the trace's GPU timings, so re-prefilling an
+  evicted agent context costs what it costs on that deployment next to a decode step. When the
+  trace is absent the synthetic SWE-agent workload runs instead, and the demo says so.
+* ``cheap-recompute``: the mocker's built-in timing and short toy agents: re-prefill is cheap,
+  so thrash costs hit rate but hardly throughput, and a program-aware scheduler has little to
+  win (it should not lose much either).
+
+Sizing, warm start, agents and every figure are ``bench live``'s (``prepare_regime``,
+``run_plans``, ``Observer``, ``make_row``), so they mean what ``docs/benchmarks.md`` says.
+
+What it prints and writes
+-------------------------
+A table with one column per arm: steps/min over the steady window ``[--warmup, --window)``,
+prefix-cache hit rate, recomputed tokens, agent-run completion time (mean, p90, over the agent
+runs every arm finished whole inside its run: the same programs, since every arm replays the
+same seeded agents; each arm's own ``bench live`` mean is shown too), turn latency p50/p99,
+admission waits (ours; a turn still waiting at the end is reported with its wait so far),
+programs paused, pauses, resumes and moves (ours), then each arm's ratios to the first.
+Into ``--out`` (default ``bench-results/demo-<UTC time>/``): ``results.json`` (every figure,
+the sizing, the timeline) and ``demo_<regime>.png`` (steps/min and hit rate over time, one
+line per arm). One run per
+arm on this machine: the figures are measured, never extrapolated.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
-import math
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from dynamo_thunderagent.bench.runner import ArmResult, RunSpec, run_stack
-from dynamo_thunderagent.bench.workload import (
-    AgentPlan,
-    WorkloadSpec,
-    agent_stream,
-    load_trace,
-    replay_stream,
+from dynamo_thunderagent.bench.demo_report import (
+    SCHEMA,
+    TimelineBucket,
+    agent_run_times,
+    paired_agent_runs,
+    ratios,
+    render_table,
+    timeline,
 )
-from dynamo_thunderagent.stack.arms import ARM_NAMES, ARMS, HEADLINE_ARMS, arm_named
+from dynamo_thunderagent.bench.live import LiveConfig, PreparedRegime, machine_info, prepare_regime
+from dynamo_thunderagent.bench.live_observer import Observer
+from dynamo_thunderagent.bench.live_report import make_row
+from dynamo_thunderagent.bench.live_sweep import ArmSpec, RunKey, parse_arms, run_plans
+from dynamo_thunderagent.bench.regimes import REGIMES
+from dynamo_thunderagent.bench.runner import RunSpec, run_stack
+from dynamo_thunderagent.bench.workload import DEFAULT_TRACE
+from dynamo_thunderagent.stack.arms import ARM_NAMES, HEADLINE_ARMS
 
-# Agents of 8-16 turns: a 256-token shared system prompt, 256-512 tokens of task, then
-# 64-192 tool tokens and 16-48 generated tokens per turn (about 2.5k tokens at the peak).
-# Tool times follow workload.md's mixture at a quarter of the real durations (median 0.5 s,
-# tail capped at 150 s), so a 60 s window sees many turns and some long-ACTING programs.
-DEMO_SPEC = WorkloadSpec(
-    turns=(8, 16),
-    system_prompt_tokens=256,
-    first_turn_tokens=(256, 512),
-    tool_output_tokens=(64, 192),
-    output_tokens=(16, 48),
-    time_scale=0.25,
-    session_prefix="demo",
-)
+DEMO_REGIMES: tuple[str, ...] = ("calibrated", "cheap-recompute")
+DEFAULT_PRESSURE = 3.0
+# Two runs of 100 s plus start-up and drain: about 4 minutes on 2 cores. The 20 s warm-up
+# drops the cold prefill of the warm-started agents' histories.
+DEFAULT_WINDOW_S = 100.0
+DEFAULT_WARMUP_S = 20.0
+BUCKET_S = 10.0
 
 
 @dataclass
 class DemoConfig:
-    """Everything one demo run depends on (printed with the results)."""
+    """Everything one demo depends on (written into ``results.json``)."""
 
-    arms: tuple[str, ...] = HEADLINE_ARMS
-    agents: int = 16
-    duration_s: float = 60.0
-    warmup_s: float = 10.0
-    drain_s: float = 10.0
-    seed: int = 0
-    num_workers: int = 2
+    regime: str = "calibrated"
+    arms: tuple[ArmSpec, ...] = field(
+        default_factory=lambda: tuple(parse_arms(",".join(HEADLINE_ARMS)))
+    )
+    agents: int | None = None  # None: the regime's (bench live's largest N)
+    pressure: float = DEFAULT_PRESSURE
+    num_gpu_blocks: int | None = None  # None: sized from the workload and ``pressure``
+    workers: int = 2
     block_size: int = 16
-    num_gpu_blocks: int | None = None  # None: sized from the plans and ``pressure``
-    pressure: float = 2.5
-    speedup_ratio: float = 1.0
-    request_timeout_s: float = 60.0
-    trace: Path | None = None
-    trace_token_scale: float = 0.07
-    policy: Path | None = None  # router-policy YAML for arm ours (None: the launcher's default)
-    spec: WorkloadSpec = field(default_factory=lambda: DEMO_SPEC)
+    window_s: float = DEFAULT_WINDOW_S
+    warmup_s: float = DEFAULT_WARMUP_S
+    drain_s: float = 5.0
+    request_timeout_s: float = 300.0
+    seed: int = 0
+    trace: Path | None = None  # None: the shipped trace when present
+    out_dir: Path = field(default_factory=lambda: default_out_dir())
+    plot: bool = True
+    bucket_s: float = BUCKET_S
 
-    def plans(self) -> Iterator[AgentPlan]:
-        """The agent stream every arm replays (same seed, same programs)."""
-        if self.trace is not None:
-            replayed = load_trace(self.trace, self.trace_token_scale, 1.0 / self.speedup_ratio)
-            return replay_stream(replayed, self.seed)
-        return agent_stream(self.spec, self.seed)
+    def live_config(self) -> LiveConfig:
+        """The one-point ``bench live`` sweep the demo is: N agents at ``pressure`` x
+        capacity (capacity sized for exactly that N), one repeat."""
+        return LiveConfig(
+            regimes=(self.regime,), arms=self.arms, repeats=1, factors=(self.pressure,),
+            max_agents=self.agents, num_gpu_blocks=self.num_gpu_blocks, workers=self.workers,
+            block_size=self.block_size, window_s=self.window_s, warmup_s=self.warmup_s,
+            drain_s=self.drain_s, request_timeout_s=self.request_timeout_s, seed=self.seed,
+            workload="trace" if self.trace is not None else "auto", trace=self.trace,
+            out_dir=self.out_dir, plots=False,
+        )  # fmt: skip
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "regime": self.regime, "arms": [a.describe() for a in self.arms],
+            "agents": self.agents, "pressure": self.pressure, "workers": self.workers,
+            "block_size": self.block_size, "window_s": self.window_s,
+            "warmup_s": self.warmup_s, "drain_s": self.drain_s,
+            "request_timeout_s": self.request_timeout_s, "seed": self.seed,
+            "bucket_s": self.bucket_s, "out_dir": str(self.out_dir),
+        }  # fmt: skip
+
+
+def default_out_dir() -> Path:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return Path("bench-results") / f"demo-{stamp}"
+
+
+def workload_note(config: DemoConfig, prepared: PreparedRegime) -> str | None:
+    """Why the demo does not replay the trace its regime replays by default, if it does not."""
+    if not REGIMES[config.regime].replays_trace or prepared.setup.workload == "trace":
+        return None
+    return (
+        f"the SWE-agent trace is not at {DEFAULT_TRACE}; replaying the synthetic SWE-agent "
+        "workload instead (shorter contexts: ours gains less there, see docs/benchmarks.md)"
+    )
 
 
 @dataclass
-class Sizing:
-    """KV capacity and how far the first wave of agents exceeds it."""
+class ArmOutcome:
+    """One arm's run: its ``bench live`` row, its timeline, and its finished agent runs
+    (session id -> completion time; None when the run failed)."""
 
-    num_gpu_blocks: int
-    capacity_tokens: int
-    peak_total_tokens: int
-    peak_max_tokens: int
-
-    @property
-    def pressure(self) -> float:
-        return self.peak_total_tokens / self.capacity_tokens
+    row: dict[str, Any]
+    timeline: list[TimelineBucket]
+    agent_runs: dict[str, float] | None
 
 
-def size_capacity(config: DemoConfig) -> Sizing:
-    """Blocks per worker so the first ``agents`` programs' peak contexts are ``pressure`` x
-    capacity, but never so few that one program could not fit a worker (x1.25)."""
-    stream = config.plans()
-    first = [next(stream) for _ in range(config.agents)]
-    peak_total = sum(p.peak_context_tokens for p in first)
-    peak_max = max(p.peak_context_tokens for p in first)
-    blocks = config.num_gpu_blocks
-    if blocks is None:
-        wanted = peak_total / config.pressure / (config.num_workers * config.block_size)
-        floor = 1.25 * peak_max / config.block_size
-        blocks = math.ceil(max(wanted, floor))
-    return Sizing(
-        num_gpu_blocks=blocks,
-        capacity_tokens=blocks * config.block_size * config.num_workers,
-        peak_total_tokens=peak_total,
-        peak_max_tokens=peak_max,
-    )
-
-
-def run_arm(arm: str, config: DemoConfig, sizing: Sizing, say: Callable[[str], None]) -> ArmResult:
-    """Start the stack for ``arm``, drive the agents, read state, stop; never raises."""
+def run_arm(
+    arm: ArmSpec, index: int, prepared: PreparedRegime, config: DemoConfig,
+    say: Callable[[str], None],
+) -> ArmOutcome:  # fmt: skip
+    """One fresh stack for ``arm``, the regime's agents for the window; never raises."""
+    setup, sweep = prepared.setup, prepared.sweep
+    agents = sweep.agents[0]
     spec = RunSpec(
-        arm=arm, plans=config.plans, agents=config.agents, window_s=config.duration_s,
-        warmup_s=config.warmup_s, drain_s=config.drain_s,
-        request_timeout_s=config.request_timeout_s, num_workers=config.num_workers,
-        num_gpu_blocks=sizing.num_gpu_blocks, block_size=config.block_size,
-        speedup_ratio=config.speedup_ratio,
-        policy=arm_named(arm).chosen_policy({"--policy": config.policy}),
-        job=f"demo-{config.seed}",
+        arm=arm.base, label=arm.label, plans=lambda: run_plans(setup, config.seed, agents),
+        agents=agents, window_s=config.window_s, warmup_s=config.warmup_s,
+        drain_s=config.drain_s, request_timeout_s=config.request_timeout_s,
+        num_workers=config.workers, num_gpu_blocks=sweep.num_gpu_blocks,
+        block_size=config.block_size, speedup_ratio=setup.speedup_ratio, policy=arm.policy,
+        mocker_args=prepared.mocker_args, extra_env=arm.arm.observed_env(),
+        job=f"demo-{setup.regime}-{config.seed}",
     )  # fmt: skip
-    return run_stack(spec, say)
+    observer = Observer(arm.arm, (config.warmup_s, config.window_s))
+    result = run_stack(spec, say, observer)
+    key = RunKey(setup.regime, 0, agents, arm.label, index, index)
+    row = make_row(key, result, pressure=sweep.pressures[0], warmup_s=config.warmup_s,
+                   window_s=config.window_s)  # fmt: skip
+    row.pop("turn_latencies_s", None)
+    if result.run is None:
+        return ArmOutcome(row, [], None)
+    records = result.run.records
+    buckets = timeline(records, bucket_s=config.bucket_s, until_s=config.window_s)
+    return ArmOutcome(row, buckets, agent_run_times(records))
 
 
-def _fmt(value: Any, spec: str = "") -> str:
-    if value is None:
-        return "-"
-    return format(value, spec) if spec else str(value)
+def pair_agent_runs(outcomes: list[ArmOutcome]) -> None:
+    """Add each arm's completion time of the agent runs every arm finished to its row."""
+    ran = {o.row["arm"]: o.agent_runs for o in outcomes if o.agent_runs is not None}
+    paired = paired_agent_runs(ran)
+    for o in outcomes:
+        o.row.update(paired.get(o.row["arm"], {}))
 
 
-def render_table(results: list[ArmResult]) -> str:
-    """The side-by-side table of the arms' figures (arms as columns)."""
-
-    def m(result: ArmResult, name: str, spec: str = "") -> str:
-        metrics = result.metrics
-        return "-" if metrics is None else _fmt(getattr(metrics, name), spec)
-
-    def s(result: ArmResult, name: str, spec: str = "") -> str:
-        return _fmt(result.scheduler.get(name), spec) if result.scheduler else "-"
-
-    rows: list[tuple[str, Callable[[ArmResult], str]]] = [
-        ("steps/min (steady window)", lambda r: m(r, "steps_per_min", ".1f")),
-        ("turns completed / errors", lambda r: f"{m(r, 'turns_ok')} / {m(r, 'errors')}"),
-        ("agents completed", lambda r: m(r, "agents_completed")),
-        ("prefix-cache hit rate", lambda r: m(r, "hit_rate", ".3f")),
-        ("recomputed tokens", lambda r: m(r, "recomputed_tokens", ",")),
-        ("  of reusable tokens", lambda r: m(r, "recomputed_fraction", ".1%")),
-        ("turn latency p50 (s)", lambda r: m(r, "latency_p50_s", ".2f")),
-        ("turn latency p99 (s)", lambda r: m(r, "latency_p99_s", ".2f")),
-        (
-            "pauses / resumes / moves",
-            lambda r: (
-                f"{s(r, 'pauses')} / {s(r, 'resumes')} / {s(r, 'moves')}" if r.scheduler else "-"
-            ),
-        ),
-        ("admission wait p50 (s)", lambda r: s(r, "admission_wait_p50_s", ".2f")),
-        ("admission wait p99 (s)", lambda r: s(r, "admission_wait_p99_s", ".2f")),
-        ("admission wait max (s)", lambda r: s(r, "admission_wait_max_s", ".2f")),
-    ]
-    base = results[0]
-
-    def ratio_cell(result: ArmResult) -> str:
-        return "1.00x" if result is base else _ratio(result, base)
-
-    if len(results) > 1:
-        rows.append((f"steps/min ratio to {base.arm}", ratio_cell))
-    label_w = max(len(label) for label, _ in rows)
-    col_w = max(12, *(len(r.arm) for r in results))
-    lines = [f"{'':<{label_w}}  " + "  ".join(f"{r.arm:>{col_w}}" for r in results)]
-    for label, cell in rows:
-        lines.append(f"{label:<{label_w}}  " + "  ".join(f"{cell(r):>{col_w}}" for r in results))
-    for r in results:
-        if r.error:
-            lines.append(f"{r.arm}: {r.error}")
-    return "\n".join(lines)
-
-
-def _ratio(arm: ArmResult, base: ArmResult) -> str:
-    value = steps_ratio(arm, base)
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def steps_ratio(arm: ArmResult, base: ArmResult) -> float | None:
-    if arm.metrics is None or base.metrics is None or base.metrics.steps_per_min == 0:
-        return None
-    return arm.metrics.steps_per_min / base.metrics.steps_per_min
+def build_report(
+    config: DemoConfig, prepared: PreparedRegime, outcomes: list[ArmOutcome],
+    meta: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """The demo's JSON document: config, sizing, every arm's figures, ratios, timelines."""
+    rows = [o.row for o in outcomes]
+    base = rows[0] if rows else None
+    return {
+        "schema": SCHEMA,
+        **meta,
+        "config": config.describe(),
+        "regime": {"name": config.regime, "summary": REGIMES[config.regime].summary,
+                   **prepared.describe()},
+        "agents": prepared.sweep.agents[0],
+        "pressure": round(prepared.sweep.pressures[0], 3),
+        "workload_note": workload_note(config, prepared),
+        "arms": {r["arm"]: r for r in rows},
+        "ratios": {f"{r['arm']}/{base['arm']}": ratios(r, base)
+                   for r in rows[1:]} if base else {},
+        "steps_per_min_ratio": {f"{r['arm']}/{base['arm']}": ratios(r, base)["steps_per_min"]
+                                for r in rows[1:]} if base else {},
+        "timeline": {o.row["arm"]: [b.to_dict() for b in o.timeline] for o in outcomes},
+    }  # fmt: skip
 
 
 def run_demo_config(config: DemoConfig, *, as_json: bool, out: TextIO = sys.stdout) -> int:
-    """Run every arm, print the table (or one JSON object); 0 if every arm ran cleanly."""
-    progress_stream = sys.stderr if as_json else out
+    """Run every arm, write ``results.json`` and the PNG, print the table (or the JSON).
+
+    Returns 0 when every arm ran with zero errors, 1 otherwise.
+    """
+    progress = sys.stderr if as_json else out
 
     def say(line: str) -> None:
-        print(line, file=progress_stream, flush=True)
+        print(line, file=progress, flush=True)
 
-    sizing = size_capacity(config)
-    workload = f"trace {config.trace}" if config.trace else "synthetic agents (DEMO_SPEC)"
+    t0 = time.monotonic()
+    started_at = dt.datetime.now(dt.timezone.utc)
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    prepared = prepare_regime(config.live_config(), config.regime, config.out_dir)
+    sweep, setup = prepared.sweep, prepared.setup
+    note = workload_note(config, prepared)
     say(
-        f"demo: {config.num_workers} mocker workers x {sizing.num_gpu_blocks} blocks x "
-        f"{config.block_size} tokens = {sizing.capacity_tokens:,} KV tokens; "
-        f"{config.agents} closed-loop {workload}, seed {config.seed}; first wave peak context "
-        f"{sizing.peak_total_tokens:,} tokens = {sizing.pressure:.1f}x capacity; "
-        f"window {config.duration_s:.0f}s (steady after {config.warmup_s:.0f}s), "
-        f"mocker speedup {config.speedup_ratio:g}"
+        f"demo: regime {config.regime} ({REGIMES[config.regime].summary})\n"
+        f"demo: workload {setup.workload}; {config.workers} mocker workers x "
+        f"{sweep.num_gpu_blocks} blocks x {config.block_size} tokens = "
+        f"{sweep.capacity_tokens:,} KV tokens; {sweep.agents[0]} closed-loop agents, mean peak "
+        f"context {sweep.mean_peak_tokens:,.0f} tokens = {sweep.pressures[0]:.1f}x capacity; "
+        f"window {config.window_s:.0f}s (steady after {config.warmup_s:.0f}s); arms "
+        f"{', '.join(a.label for a in config.arms)}; seed {config.seed}"
+        + (f"\ndemo: note: {note}" if note else "")
+        + (f"\ndemo: note: {sweep.note}" if sweep.note else "")
     )
-    results = [run_arm(arm, config, sizing, say) for arm in config.arms]
-    failed = any(r.error or r.metrics is None or r.metrics.errors for r in results)
+    outcomes = [run_arm(arm, i, prepared, config, say) for i, arm in enumerate(config.arms)]
+    pair_agent_runs(outcomes)
+    meta: dict[str, Any] = {
+        "machine": machine_info(),
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "elapsed_s": round(time.monotonic() - t0, 1),
+    }
+    report = build_report(config, prepared, outcomes, meta)
+    plot_path = config.out_dir / f"demo_{config.regime}.png"
+    report["plot"] = None
+    if config.plot:
+        try:
+            from dynamo_thunderagent.bench.plots import write_timeline
+
+            title = (f"{config.regime}: {sweep.agents[0]} agents at "
+                     f"{sweep.pressures[0]:.1f}x KV capacity")  # fmt: skip
+            write_timeline(report["timeline"], plot_path, title=title,
+                           warmup_s=config.warmup_s)  # fmt: skip
+            report["plot"] = str(plot_path)
+        except ImportError as error:
+            say(f"plot skipped ({error}); install matplotlib")
+    results_path = config.out_dir / "results.json"
+    results_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    rows = [o.row for o in outcomes]
     if as_json:
-        payload = {
-            "config": {
-                "arms": list(config.arms),
-                "agents": config.agents,
-                "duration_s": config.duration_s,
-                "warmup_s": config.warmup_s,
-                "seed": config.seed,
-                "num_workers": config.num_workers,
-                "num_gpu_blocks": sizing.num_gpu_blocks,
-                "block_size": config.block_size,
-                "capacity_tokens": sizing.capacity_tokens,
-                "first_wave_peak_tokens": sizing.peak_total_tokens,
-                "pressure": round(sizing.pressure, 3),
-                "speedup_ratio": config.speedup_ratio,
-                "trace": str(config.trace) if config.trace else None,
-            },
-            "arms": {r.arm: r.to_dict() for r in results},
-            "steps_per_min_ratio": {
-                f"{r.arm}/{results[0].arm}": steps_ratio(r, results[0]) for r in results[1:]
-            },
-        }
-        print(json.dumps(payload, indent=2), file=out, flush=True)
+        print(json.dumps(report, indent=1), file=out, flush=True)
     else:
         print("", file=out)
-        print(render_table(results), file=out)
+        print(render_table(rows), file=out)
         print(
-            "\nOne run per arm on this machine, same agent programs (seed "
-            f"{config.seed}). Recomputed tokens: prompt tokens cached on a program's previous "
-            "turn but prefilled again (whole KV blocks). Latency includes admission wait.",
+            f"\nOne run per arm on this machine, same agents (seed {config.seed}), "
+            f"{sweep.agents[0]} agents at {sweep.pressures[0]:.1f}x the KV capacity. Steps/min, "
+            "hit rate and turn latency over the steady window; recomputed tokens: tokens cached "
+            "on a program's previous turn and prefilled again (whole KV blocks); agent-run "
+            "completion: first turn to session-final, over the same agents in every arm (those "
+            "that started at their first turn and finished in every arm: the shorter programs "
+            "in a short window); turn latency includes admission wait.",
             file=out,
-            flush=True,
         )
+        if note:
+            print(f"Note: {note}.", file=out)
+        if report["plot"]:
+            print(f"plot: {report['plot']}", file=out)
+        print(f"results: {results_path}", file=out, flush=True)
+    failed = any(r.get("error") or r.get("errors") for r in rows)
     return 1 if failed else 0
 
 
+# ============================================================================================
+# Command line
+# ============================================================================================
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--agents", type=int, default=16, help="closed-loop agents (default 16)")
-    parser.add_argument(
-        "--duration", type=float, default=60.0, help="seconds each arm launches turns (default 60)"
-    )
-    parser.add_argument(
-        "--warmup",
-        type=float,
-        default=None,
-        help="seconds dropped from steps/min (default: min(10, duration / 4))",
-    )
-    parser.add_argument(
-        "--drain",
-        type=float,
-        default=10.0,
-        help="most seconds to wait for turns in flight after the window",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--policy", type=Path, default=None,
-        help="router-policy YAML for arm ours (default: policies/thunderagent-extended.yaml)",
-    )
-    parser.add_argument(
-        "--arms",
-        default=",".join(HEADLINE_ARMS),
-        help=f"comma-separated, in order; from {', '.join(ARM_NAMES)}",
-    )
-    parser.add_argument(
-        "--pressure",
-        type=float,
-        default=2.5,
-        help="first-wave peak context / KV capacity (default 2.5)",
-    )
-    parser.add_argument(
-        "--blocks", type=int, default=None, help="KV blocks per worker (overrides --pressure)"
-    )
-    parser.add_argument(
-        "--speedup-ratio",
-        type=float,
-        default=1.0,
-        help="mocker clock speedup; tool times are divided by it",
-    )
-    parser.add_argument(
-        "--trace",
-        type=Path,
-        default=None,
-        help="replay this JSONL trace instead of synthetic agents",
-    )
-    parser.add_argument(
-        "--trace-token-scale",
-        type=float,
-        default=0.07,
-        help="token scale for --trace (default 0.07)",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    a = parser.add_argument
+    a("--regime", choices=DEMO_REGIMES, default="calibrated",
+      help="calibrated (default: the SWE-agent trace on timing fitted to a GPU, where "
+           "re-prefill is expensive) or cheap-recompute (the mocker's default timing)")
+    a("--arms", default=",".join(HEADLINE_ARMS),
+      help=f"comma-separated, in order, the first is the baseline; from {', '.join(ARM_NAMES)} "
+           f"(default {','.join(HEADLINE_ARMS)}; each arm adds a run of --window seconds)")
+    a("--policy", type=Path, default=None,
+      help="router-policy YAML for arm ours (default policies/thunderagent-extended.yaml)")
+    a("--agents", type=int, default=None,
+      help="closed-loop agents (default: the regime's, 24 calibrated, 30 cheap-recompute); "
+           "the KV capacity is sized for them at --pressure")
+    a("--pressure", type=float, default=DEFAULT_PRESSURE,
+      help=f"agents' mean peak context / KV capacity (default {DEFAULT_PRESSURE:g})")
+    a("--blocks", type=int, default=None, help="KV blocks per worker (overrides --pressure)")
+    a("--window", "--duration", dest="window", type=float, default=DEFAULT_WINDOW_S,
+      help=f"seconds each arm launches turns (default {DEFAULT_WINDOW_S:g})")
+    a("--warmup", type=float, default=None,
+      help=f"seconds left out of the steady window (default min({DEFAULT_WARMUP_S:g}, "
+           "window / 4))")
+    a("--drain", type=float, default=5.0, help="most seconds for turns in flight (default 5)")
+    a("--seed", type=int, default=0)
+    a("--trace", type=Path, default=None,
+      help=f"replay this JSONL trace (calibrated regime; default {DEFAULT_TRACE.name} "
+           "from ../shared/traces when present)")
+    a("--out", type=Path, default=None,
+      help="output folder (default bench-results/demo-<UTC time>/)")
+    a("--no-plot", action="store_true", help="skip the PNG")
+    a("--json", action="store_true", help="print one JSON object on stdout (progress on stderr)")
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
     """Validate the command line; raise ValueError naming the bad option."""
-    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
-    unknown = [a for a in arms if a not in ARMS]
-    if not arms or unknown:
-        raise ValueError(f"--arms: unknown {unknown or 'empty'}; choose from {ARM_NAMES}")
-    if args.agents < 1 or args.duration <= 0 or args.drain < 0:
-        raise ValueError("--agents must be >= 1, --duration > 0 and --drain >= 0")
-    warmup = min(10.0, args.duration / 4) if args.warmup is None else args.warmup
-    if not 0 <= warmup < args.duration:
-        raise ValueError(f"--warmup must be in [0, --duration), got {warmup}")
-    if args.pressure <= 0 or args.speedup_ratio <= 0:
-        raise ValueError("--pressure and --speedup-ratio must be > 0")
-    spec = DEMO_SPEC
-    if args.speedup_ratio != 1.0:
-        spec = WorkloadSpec(
-            **{**DEMO_SPEC.__dict__, "time_scale": DEMO_SPEC.time_scale / args.speedup_ratio}
-        )
-    return DemoConfig(
-        arms=arms, agents=args.agents, duration_s=args.duration, warmup_s=warmup,
-        drain_s=args.drain, seed=args.seed, num_gpu_blocks=args.blocks,
-        pressure=args.pressure, speedup_ratio=args.speedup_ratio, trace=args.trace,
-        trace_token_scale=args.trace_token_scale, spec=spec, policy=args.policy,
+    arms = tuple(parse_arms(args.arms, ours_policy=args.policy))
+    if args.agents is not None and args.agents < 1:
+        raise ValueError("--agents must be >= 1")
+    if args.pressure <= 0:
+        raise ValueError("--pressure must be > 0")
+    if args.blocks is not None and args.blocks < 1:
+        raise ValueError("--blocks must be >= 1")
+    if args.window <= 0 or args.drain < 0:
+        raise ValueError("--window must be > 0 and --drain >= 0")
+    warmup = min(DEFAULT_WARMUP_S, args.window / 4) if args.warmup is None else args.warmup
+    if not 0 <= warmup < args.window:
+        raise ValueError(f"--warmup must be in [0, --window), got {warmup}")
+    if args.trace is not None and args.regime != "calibrated":
+        raise ValueError("--trace: only the calibrated regime replays a trace")
+    if args.trace is not None and not args.trace.is_file():
+        raise ValueError(f"--trace: {args.trace} not found")
+    config = DemoConfig(
+        regime=args.regime, arms=arms, agents=args.agents, pressure=args.pressure,
+        num_gpu_blocks=args.blocks, window_s=args.window, warmup_s=warmup,
+        drain_s=args.drain, seed=args.seed, trace=args.trace,
+        out_dir=args.out or default_out_dir(), plot=not args.no_plot,
     )  # fmt: skip
+    config.live_config().setup(config.regime)  # validates the regime's setup
+    return config
 
 
 def run_demo(args: argparse.Namespace) -> int:

@@ -1,8 +1,10 @@
-"""PNG plots of a ``bench live`` report (matplotlib, Agg backend: no display needed).
+"""PNG plots of a ``bench live`` report and of the demo (matplotlib, Agg backend: no display).
 
-Per regime: steps/min vs N per arm (mean, bars from min to max over repeats), prefix-cache
-hit rate vs N, and the turn-latency CDF at the largest N (every repeat's steady-window turns
-pooled per arm). Importing this module raises ImportError without matplotlib.
+``bench live``, per regime: steps/min vs N per arm (mean, bars from min to max over
+repeats), prefix-cache hit rate vs N, and the turn-latency CDF at the largest N (every
+repeat's steady-window turns pooled per arm). The demo: steps/min and hit rate over one
+run's time per arm (:func:`write_timeline`). Importing this module raises ImportError
+without matplotlib.
 """
 
 from __future__ import annotations
@@ -103,3 +105,35 @@ def write_plots(report: Mapping[str, Any], out_dir: Path) -> list[Path]:
             written.append(_cdf(regime, report, int(data["largest_agents"]),
                                 out_dir / f"latency_cdf_{regime}.png"))  # fmt: skip
     return written
+
+
+def write_timeline(
+    timelines: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, *, title: str,
+    warmup_s: float = 0.0,
+) -> Path:  # fmt: skip
+    """Steps/min (top) and prefix-cache hit rate (bottom) over one run's time, one line per
+    arm, from the demo's timeline buckets (``start_s``, ``end_s``, ``steps_per_min``,
+    ``hit_rate``); the warm-up before ``warmup_s`` is shaded. Writes ``path``, returns it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8.0, 6.5), sharex=True)
+    for label, buckets in timelines.items():
+        mids = [(float(b["start_s"]) + float(b["end_s"])) / 2 for b in buckets]
+        top.plot(mids, [float(b["steps_per_min"]) for b in buckets], marker="o", label=label)
+        hit = [(m, float(b["hit_rate"])) for m, b in zip(mids, buckets, strict=True)
+               if b.get("hit_rate") is not None]  # fmt: skip
+        bottom.plot([m for m, _ in hit], [h for _, h in hit], marker="o", label=label)
+    for ax in (top, bottom):
+        if warmup_s > 0:
+            ax.axvspan(0, warmup_s, color="grey", alpha=0.15, lw=0)
+        ax.grid(alpha=0.3)
+    top.legend(loc="lower right")
+    top.set_ylabel("steps/min")
+    top.set_ylim(bottom=0)
+    top.set_title(title + (f" (shaded: warm-up, {warmup_s:g} s)" if warmup_s > 0 else ""))
+    bottom.set_ylabel("prefix-cache hit rate")
+    bottom.set_ylim(0, 1.02)
+    bottom.set_xlabel("seconds since the run started (turns binned by completion time)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
