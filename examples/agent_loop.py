@@ -20,7 +20,9 @@ import uuid
 
 from openai import OpenAI
 
-from dynamo_thunderagent.bench.driver import FINAL_HEADER, SESSION_HEADER
+# Dynamo's agent headers (spelled out, so this file needs nothing but the OpenAI SDK).
+SESSION_HEADER = "X-Dynamo-Session-ID"
+FINAL_HEADER = "X-Dynamo-Session-Final"
 
 ALLOWED = {"ls", "wc", "head", "date", "uname", "pwd"}  # local, read-only, no network
 PLAN = [["ls", "-la"], ["pwd"], ["uname", "-a"], ["date", "-u"]]

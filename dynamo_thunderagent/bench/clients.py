@@ -36,8 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from dynamo_thunderagent.bench.driver import SESSION_HEADER
 from dynamo_thunderagent.bench.output import publish
+from dynamo_thunderagent.dynamo.translate import SESSION_HEADER
 from dynamo_thunderagent.stack.arms import ARM_NAMES, BASELINE_ARM, HEADLINE_ARMS, arm_named
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
 

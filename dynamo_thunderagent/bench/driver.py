@@ -46,10 +46,8 @@ from dynamo_thunderagent.bench.prompts import (
 )
 from dynamo_thunderagent.bench.records import RecordKind, RunResult, TurnRecord
 from dynamo_thunderagent.bench.workload import AgentPlan
+from dynamo_thunderagent.dynamo.translate import FINAL_HEADER, PARENT_HEADER, SESSION_HEADER
 
-SESSION_HEADER = "X-Dynamo-Session-ID"
-FINAL_HEADER = "X-Dynamo-Session-Final"
-PARENT_HEADER = "X-Dynamo-Parent-Session-ID"
 
 @dataclass(frozen=True)
 class Progress:

@@ -32,8 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from dynamo_thunderagent.bench.driver import FINAL_HEADER, SESSION_HEADER
 from dynamo_thunderagent.bench.output import publish
+from dynamo_thunderagent.dynamo.translate import FINAL_HEADER, SESSION_HEADER
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY
 from dynamo_thunderagent.quantile import percentile
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig

@@ -39,9 +39,8 @@ from dynamo_thunderagent.doctor import (
     router_view,
 )
 from dynamo_thunderagent.dynamo.stats import PROBE_SESSION_PREFIX
+from dynamo_thunderagent.dynamo.translate import FINAL_HEADER, SESSION_HEADER
 
-SESSION_HEADER = "X-Dynamo-Session-ID"
-FINAL_HEADER = "X-Dynamo-Session-Final"
 MAX_PROBES = 64
 
 

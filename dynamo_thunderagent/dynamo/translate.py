@@ -33,6 +33,11 @@ from dynamo_thunderagent.classifier import (
 from dynamo_thunderagent.program import NO_PREFIX, PrefixBlocks, WorkerKey
 from dynamo_thunderagent.selector import WorkerLoad
 
+# The headers a client sends (Dynamo's frontend turns them into ``agent_context``).
+SESSION_HEADER = "X-Dynamo-Session-ID"
+PARENT_HEADER = "X-Dynamo-Parent-Session-ID"
+FINAL_HEADER = "X-Dynamo-Session-Final"
+
 
 def _truthy(value: Any) -> bool:
     if isinstance(value, str):
@@ -69,9 +74,9 @@ def classify_request(request: Mapping[str, Any], request_id: str, *, block_token
     session_id = context.get("session_id")
     parent = context.get("parent_session_id")
     if session_id is not None:
-        session_id = check_session_id(session_id, "X-Dynamo-Session-ID")
+        session_id = check_session_id(session_id, SESSION_HEADER)
     if parent is not None:
-        parent = check_session_id(parent, "X-Dynamo-Parent-Session-ID")
+        parent = check_session_id(parent, PARENT_HEADER)
     token_ids = request.get("token_ids") or []
     return ClassifyRequest(
         request_id=request_id,

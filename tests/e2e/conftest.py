@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -163,3 +164,12 @@ def end_session(client: Any, session: str) -> None:
 def turn_text(session: str, turn: int, words: int = 12) -> str:
     """A user message that makes contexts grow turn by turn (tool output, say)."""
     return f"turn {turn} of {session}: " + " ".join(f"line{turn}-{i}" for i in range(words))
+
+
+def group_gone(pgid: int) -> bool:
+    """True once no process of group ``pgid`` is left."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import E2E_MARKS, MODEL, SESSION
+from conftest import E2E_MARKS, MODEL, SESSION, group_gone
 
 from dynamo_thunderagent.bench.clients import AiperfWorkload, find_aiperf, run_aiperf
 from dynamo_thunderagent.bench.live import LiveConfig
@@ -51,14 +51,6 @@ def _summary(stderr: str) -> dict[str, Any]:
     end = stderr.index("\n}", start) + 2
     summary: dict[str, Any] = json.loads(stderr[start:end])
     return summary
-
-
-def _group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_stack_in_the_calibrated_regime_states_its_sizing_and_serves_a_chat(
@@ -110,7 +102,7 @@ def test_stack_in_the_calibrated_regime_states_its_sizing_and_serves_a_chat(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
-    left = [pgid for pgid in pgids if not _group_gone(pgid)]
+    left = [pgid for pgid in pgids if not group_gone(pgid)]
     for pgid in left:  # ours, started by the stack above; never leave them to the next test
         os.killpg(pgid, signal.SIGKILL)
     assert proc.returncode == 0, err.read_text()[-4000:]

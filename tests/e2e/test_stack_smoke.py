@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
-from conftest import E2E_MARKS
+from conftest import E2E_MARKS, group_gone
 
 pytestmark = E2E_MARKS
-
-
-def _group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_stock_stack_serves_a_chat_turn_and_stop_leaves_no_process(tmp_path: Path) -> None:
@@ -43,5 +34,5 @@ def test_stock_stack_serves_a_chat_turn_and_stop_leaves_no_process(tmp_path: Pat
         served_by = (reply.model_extra or {}).get("nvext", {}).get("worker_id", {})
         assert served_by.get("decode_worker_id") in stack.worker_instances().values()
         pgids = [proc.pid for proc in stack.processes]
-    assert all(_group_gone(pgid) for pgid in pgids), "a stack process outlived stop()"
+    assert all(group_gone(pgid) for pgid in pgids), "a stack process outlived stop()"
     assert time.monotonic() - started < 60

@@ -50,3 +50,10 @@ def test_a_tool_that_runs_too_long_is_cut_off(agent: ModuleType, tmp_path: Path,
 
     monkeypatch.setattr(agent.subprocess, "run", too_long)
     assert agent.run_tool(["ls"], str(tmp_path)).startswith("failed: Command '['ls']' timed out")
+
+
+def test_the_example_spells_the_headers_the_router_reads(agent: ModuleType) -> None:
+    from dynamo_thunderagent.dynamo import translate
+
+    assert (agent.SESSION_HEADER, agent.FINAL_HEADER) == (
+        translate.SESSION_HEADER, translate.FINAL_HEADER)

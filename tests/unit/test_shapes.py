@@ -14,7 +14,7 @@ import pytest
 
 from dynamo_thunderagent import cli
 from dynamo_thunderagent.bench import live, live_sweep
-from dynamo_thunderagent.bench.driver import FINAL_HEADER, PARENT_HEADER, SESSION_HEADER, _Run
+from dynamo_thunderagent.bench.driver import _Run
 from dynamo_thunderagent.bench.metrics import recomputed_tokens
 from dynamo_thunderagent.bench.prompts import History, PromptText, TemplateOverhead
 from dynamo_thunderagent.bench.records import TurnRecord
@@ -34,6 +34,7 @@ from dynamo_thunderagent.bench.sim.simulation import RunConfig, Simulation
 from dynamo_thunderagent.bench.sim.timing import TimingModel
 from dynamo_thunderagent.bench.workload import AgentPlan, TurnPlan, agent_stream, make_agents
 from dynamo_thunderagent.cli import build_parser
+from dynamo_thunderagent.dynamo.translate import FINAL_HEADER, PARENT_HEADER, SESSION_HEADER
 
 # ---- generators ---------------------------------------------------------------------------
 
