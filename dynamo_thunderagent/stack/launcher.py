@@ -217,7 +217,8 @@ class LocalStack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "home").mkdir(exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
-        self.kv_dir.mkdir(exist_ok=True)
+        if self.discovery is None:
+            self.kv_dir.mkdir(exist_ok=True)
         build_tiny_model(self.model_path)
         self.arm.prepare(self.launch)
         if not self._atexit_registered:
