@@ -9,15 +9,14 @@ gives every Dynamo process the README's settings (``DYN_DISCOVERY_BACKEND=etcd``
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 from conftest import (
     E2E_MARKS,
     ENGINE_DATA,
     MODEL,
+    NEEDS_ETCD,
     SESSION,
     chat,
     end_session,
@@ -33,22 +32,7 @@ from conftest import (
     write_policy,
 )
 
-from dynamo_thunderagent.stack.discovery import MissingBinaries, find_binaries
-
-
-def _missing_binaries() -> str | None:
-    try:
-        find_binaries(sys.executable)
-    except MissingBinaries as exc:
-        return str(exc)
-    return None
-
-
-_MISSING = _missing_binaries()
-pytestmark = [
-    *E2E_MARKS,
-    pytest.mark.skipif(_MISSING is not None, reason=f"etcd discovery: {_MISSING}"),
-]
+pytestmark = [*E2E_MARKS, NEEDS_ETCD]
 
 AGENTS = 4
 TURNS = 3
