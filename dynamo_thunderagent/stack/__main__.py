@@ -20,6 +20,7 @@ from types import FrameType
 
 from dynamo_thunderagent.bench.regimes import REGIME_NAMES
 from dynamo_thunderagent.stack.arms import ARM_NAMES, BASELINE_ARM
+from dynamo_thunderagent.stack.discovery import DEFAULT_DISCOVERY, DISCOVERY_BACKENDS
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig, StackError
 from dynamo_thunderagent.stack.regime import (
     DEFAULT_BLOCKS,
@@ -38,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--arm", choices=ARM_NAMES, default=BASELINE_ARM,
         help=f"system under test (default: {BASELINE_ARM})",
+    )
+    parser.add_argument(
+        "--discovery", choices=DISCOVERY_BACKENDS, default=DEFAULT_DISCOVERY,
+        help="how the processes find each other: file (a store in the run dir, events over a "
+        "loopback ZMQ broker) or etcd (the stack's own etcd and NATS servers on loopback, as "
+        f"a deployment runs them; needs etcd and nats-server, see `make setup`) (default: "
+        f"{DEFAULT_DISCOVERY})",
     )
     parser.add_argument(
         "--regime", choices=REGIME_NAMES, default=None,
@@ -84,6 +92,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
     blocks = args.blocks
     return StackConfig(
         arm=args.arm,
+        discovery=args.discovery,
         num_workers=args.workers,
         num_gpu_blocks=DEFAULT_BLOCKS if blocks is None else blocks,
         block_size=args.block_size,
@@ -120,6 +129,16 @@ def regime_from_args(args: argparse.Namespace, config: StackConfig) -> StackRegi
     return regime
 
 
+def discovery_line(stack: LocalStack) -> str:
+    """The banner's discovery line: the backend and where its servers (or store) are."""
+    where = stack.describe_discovery()
+    if stack.discovery is None:
+        return f"discovery: file (store {where['store']}, events over a loopback ZMQ broker)"
+    return (f"discovery: etcd at {where['etcd']}, NATS at {where['nats']} (events over "
+            "NATS); the Dynamo processes get DYN_DISCOVERY_BACKEND=etcd, ETCD_ENDPOINTS, "
+            "NATS_SERVER and DYN_EVENT_PLANE=nats")
+
+
 def run_stack_cli(args: argparse.Namespace) -> int:
     """Print the sizing, start the stack, print its URL (and a JSON summary), block until
     SIGINT/SIGTERM, stop."""
@@ -132,6 +151,7 @@ def run_stack_cli(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(banner(regime, config, stack.url, stack.model_path), file=sys.stderr, flush=True)
+    print(f"stack: {discovery_line(stack)}", file=sys.stderr, flush=True)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -144,6 +164,7 @@ def run_stack_cli(args: argparse.Namespace) -> int:
         summary = {
             "url": stack.url,
             "arm": config.arm,
+            "discovery": stack.describe_discovery(),
             "regime": None if regime is None else regime.describe(),
             "run_dir": str(stack.run_dir),
             "pids": {p.name: p.pid for p in stack.processes},

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dynamo_thunderagent.stack.arms import ARM_NAMES, ARMS, BASELINE_ARM
+from dynamo_thunderagent.stack.discovery import DEFAULT_DISCOVERY, DISCOVERY_BACKENDS
 from dynamo_thunderagent.stack.tiny_model import MODEL_NAME
 
 
@@ -36,14 +37,20 @@ class StackConfig:
     startup_timeout_s: float = 60.0
     stop_grace_s: float = 10.0
     python: str = sys.executable
-    # Route the event plane through a loopback broker (needs pyzmq). Without it, Dynamo's
-    # ZMQ publishers bind 0.0.0.0.
+    # "file": registrations in the run dir, events over ZMQ. "etcd": the stack starts its own
+    # etcd and NATS servers on loopback, as the README's deployment runs (stack.discovery).
+    discovery: str = DEFAULT_DISCOVERY
+    # File discovery: route the event plane through a loopback broker (needs pyzmq). Without
+    # it, Dynamo's ZMQ publishers bind 0.0.0.0. (Etcd discovery carries events over NATS.)
     event_broker: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         if self.arm not in ARMS:
             raise ValueError(f"arm must be one of {', '.join(ARM_NAMES)}, got {self.arm!r}")
+        if self.discovery not in DISCOVERY_BACKENDS:
+            raise ValueError(f"discovery must be one of {', '.join(DISCOVERY_BACKENDS)}, "
+                             f"got {self.discovery!r}")
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         if self.num_gpu_blocks < 1 or self.block_size < 1:

@@ -3,7 +3,9 @@
 Everything binds 127.0.0.1: the HTTP servers via flags, the request plane and system servers
 via ``DYN_*_HOST`` variables, and the event plane through a loopback ZMQ broker (see
 ``zmq_broker``), because direct-mode ZMQ publishers bind the wildcard address. Discovery goes
-through files under the run dir, so stacks started side by side never see each other.
+through files under the run dir, so stacks started side by side never see each other; with
+etcd discovery (see ``discovery``) the stack's own etcd and NATS servers, on loopback ports of
+their own, take the place of the files and the ZMQ event plane.
 """
 
 from __future__ import annotations
@@ -19,11 +21,17 @@ _SCOPED_KEYS = ("DYN_NAMESPACE", "DYN_NAMESPACE_WORKER_SUFFIX", "DYN_ROUTER_ENDP
 
 
 def stack_env(
-    run_dir: Path, kv_dir: Path, extra_env: Mapping[str, str], inherited: Mapping[str, str]
+    run_dir: Path,
+    kv_dir: Path,
+    extra_env: Mapping[str, str],
+    inherited: Mapping[str, str],
+    discovery_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Environment shared by every process: file discovery, TCP + ZMQ, loopback only.
 
-    ``inherited`` is the caller's environment (``os.environ``); ``extra_env`` is applied last.
+    ``discovery_env`` (etcd discovery's settings) replaces file discovery and the ZMQ event
+    plane. ``inherited`` is the caller's environment (``os.environ``); ``extra_env`` is
+    applied last.
     """
     env = dict(inherited)
     for key in _SCOPED_KEYS:
@@ -44,6 +52,9 @@ def stack_env(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if discovery_env is not None:
+        del env["DYN_FILE_KV"]
+        env.update(discovery_env)
     # Children run in the run dir; make this package importable there even when it is not
     # installed (e.g. `python -m dynamo_thunderagent.stack.zmq_broker` from a checkout).
     package_root = str(Path(__file__).resolve().parents[2])

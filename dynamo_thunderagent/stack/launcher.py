@@ -1,13 +1,15 @@
 """Start a loopback-only Dynamo 1.6.1 stack: mocker workers, a frontend and, per arm, a router.
 
-:class:`LocalStack` is the lifecycle: it builds the tiny model, starts the event broker, the
-workers, the arm's router and the frontend, waits until they are ready, restarts a worker or
-the router on demand, and stops everything. What it delegates:
+:class:`LocalStack` is the lifecycle: it builds the tiny model, starts etcd and NATS (etcd
+discovery) or the event broker (file discovery), the workers, the arm's router and the
+frontend, waits until they are ready, restarts a worker or the router on demand, and stops
+everything. What it delegates:
 
 * :mod:`~dynamo_thunderagent.stack.arms`: everything that differs between the systems under
   test (routing flags, the router's command line, extra readiness, figures);
 * :mod:`~dynamo_thunderagent.stack.topology`: namespaces and endpoints;
 * :mod:`~dynamo_thunderagent.stack.environment`: the loopback-only environment;
+* :mod:`~dynamo_thunderagent.stack.discovery`: the etcd and NATS servers, the registrations;
 * :mod:`~dynamo_thunderagent.stack.process`: spawning and signalling process groups;
 * :mod:`~dynamo_thunderagent.stack.readiness`: the probes and the wait loop.
 
@@ -26,9 +28,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from dynamo_thunderagent.stack.arms import LaunchContext, arm_named
 from dynamo_thunderagent.stack.config import StackConfig
+from dynamo_thunderagent.stack.discovery import (
+    EtcdNats,
+    etcd_healthy,
+    find_binaries,
+    model_cards,
+)
 from dynamo_thunderagent.stack.environment import stack_env
 from dynamo_thunderagent.stack.process import (
     Role,
@@ -61,8 +70,11 @@ from dynamo_thunderagent.stack.zmq_broker import broker_url
 # next to the stack they configure and report on.
 __all__ = ["LocalStack", "StackConfig", "StackError", "StackProcess"]
 
-# Frontend first (stops new traffic), router and workers next, broker last.
-_STOP_ORDER: dict[Role, int] = {"frontend": 0, "router": 1, "worker": 2, "broker": 3}
+# Frontend first (stops new traffic), router and workers next, broker last. The discovery
+# servers are stopped after all of these have exited: a Dynamo process that loses etcd or
+# NATS while shutting down waits on it instead of exiting.
+_STOP_ORDER: dict[Role, int] = {"frontend": 0, "router": 1, "worker": 2, "broker": 3,
+                                "discovery": 4}  # fmt: skip
 
 
 class LocalStack:
@@ -81,6 +93,13 @@ class LocalStack:
         # for a hub repository id (the mocker then fails to start).
         self.run_dir = Path(base.run_dir or tempfile.mkdtemp(prefix="dta-stack-")).resolve()
         self.model_path: Path = (base.model_path or self.run_dir / "model").resolve()
+        # Etcd discovery: the stack's own etcd and NATS servers, on ports picked now so that
+        # the banner can name them before anything starts. None: file discovery.
+        self.discovery: EtcdNats | None = (
+            EtcdNats(etcd_port=free_port(), etcd_peer_port=free_port(), nats_port=free_port(),
+                     run_dir=self.run_dir)
+            if base.discovery == "etcd" else None
+        )  # fmt: skip
         # Our router's loopback state endpoint (GET /state), in the arms that serve one.
         self.state_port: int | None = free_port() if self.arm.serves_state else None
         self.launch = LaunchContext(
@@ -129,7 +148,24 @@ class LocalStack:
 
     @property
     def kv_dir(self) -> Path:
+        """The file-discovery store (file discovery only)."""
         return self.run_dir / "kv"
+
+    @property
+    def etcd_url(self) -> str | None:
+        """The stack's etcd (``ETCD_ENDPOINTS``); None with file discovery."""
+        return None if self.discovery is None else self.discovery.etcd_url
+
+    @property
+    def nats_url(self) -> str | None:
+        """The stack's NATS server (``NATS_SERVER``); None with file discovery."""
+        return None if self.discovery is None else self.discovery.nats_url
+
+    def describe_discovery(self) -> dict[str, str]:
+        """Which discovery the stack runs and where: the etcd and NATS URLs, or the store."""
+        if self.discovery is None:
+            return {"backend": "file", "store": str(self.kv_dir)}
+        return self.discovery.describe()
 
     @property
     def workers(self) -> list[StackProcess]:
@@ -151,8 +187,11 @@ class LocalStack:
         return {name: url for name, url in urls.items() if url is not None}
 
     def base_env(self) -> dict[str, str]:
-        """Environment shared by every process: file discovery, TCP + ZMQ, loopback only."""
-        return stack_env(self.run_dir, self.kv_dir, self.config.extra_env, os.environ)
+        """Environment shared by every process: file discovery, TCP + ZMQ (or etcd, TCP +
+        NATS), loopback only."""
+        discovery_env = None if self.discovery is None else self.discovery.env()
+        return stack_env(self.run_dir, self.kv_dir, self.config.extra_env, os.environ,
+                         discovery_env)  # fmt: skip
 
     # ----- lifecycle ---------------------------------------------------------------------
 
@@ -178,7 +217,8 @@ class LocalStack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "home").mkdir(exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
-        self.kv_dir.mkdir(exist_ok=True)
+        if self.discovery is None:
+            self.kv_dir.mkdir(exist_ok=True)
         build_tiny_model(self.model_path)
         self.arm.prepare(self.launch)
         if not self._atexit_registered:
@@ -187,7 +227,9 @@ class LocalStack:
         env = self.base_env()
         deadline = time.monotonic() + cfg.startup_timeout_s
 
-        if cfg.event_broker:
+        if self.discovery is not None:
+            self._start_discovery(self.discovery, env, deadline)
+        elif cfg.event_broker:
             xsub, xpub = free_port(), free_port()
             self._spawn(
                 "zmq-broker",
@@ -229,12 +271,20 @@ class LocalStack:
         return self
 
     def stop(self) -> None:
-        """SIGTERM each process group we started, then SIGKILL what is left after the grace."""
+        """SIGTERM each process group we started, then SIGKILL what is left after the grace;
+        the discovery servers (etcd, NATS) once every other process has exited."""
         if self._stopped:
             return
         self._stopped = True
-        stop_all(sorted(self.processes, key=lambda p: _STOP_ORDER[p.role]),
-                 self.config.stop_grace_s)  # fmt: skip
+        ordered = sorted(self.processes, key=lambda p: _STOP_ORDER[p.role])
+        grace = self.config.stop_grace_s
+        stop_all([p for p in ordered if p.role != "discovery"], grace)
+        stop_all([p for p in ordered if p.role == "discovery"], grace)
+        if self.discovery is not None:
+            # Registrations die with the stack; etcd's data dir alone holds a 64 MB WAL
+            # segment, too much to leave behind in each kept run dir (the logs stay).
+            shutil.rmtree(self.discovery.etcd_data_dir, ignore_errors=True)
+            shutil.rmtree(self.discovery.nats_store_dir, ignore_errors=True)
         if self._atexit_registered:
             atexit.unregister(self.stop)
             self._atexit_registered = False
@@ -308,7 +358,7 @@ class LocalStack:
                            system_port=free_system_port())
         deadline = time.monotonic() + (timeout or self.config.startup_timeout_s)
         self._wait_for(Readiness(
-            lambda: bool(worker_instances(self.kv_dir, namespace, {proc.system_port: 0})),
+            lambda: bool(worker_instances(self.model_cards(), namespace, {proc.system_port: 0})),
             f"a worker to register in namespace {namespace!r}"), deadline)
         return proc
 
@@ -322,14 +372,21 @@ class LocalStack:
 
     # ----- discovery views -----------------------------------------------------------------
 
+    def model_cards(self) -> list[dict[str, Any]]:
+        """The model cards registered now, from etcd or the file-discovery store.
+
+        Raises OSError when etcd cannot be reached.
+        """
+        return model_cards(self.discovery, self.kv_dir)
+
     def worker_instances(self) -> dict[int, int]:
-        """Live worker instance ids keyed by worker index (from the file-discovery store).
+        """Live worker instance ids keyed by worker index (from the registered model cards).
 
         The match goes through each worker's system port, which its model card embeds in the
         URLs it serves its tokenizer files from.
         """
         by_port = {p.system_port: i for i, p in enumerate(self.workers)}
-        return worker_instances(self.kv_dir, self.worker_namespace, by_port)
+        return worker_instances(self.model_cards(), self.worker_namespace, by_port)
 
     def log_tails(self, lines: int = 30) -> str:
         parts = []
@@ -363,6 +420,20 @@ class LocalStack:
             *cfg.frontend_args,
         ]  # fmt: skip
 
+    def _start_discovery(self, servers: EtcdNats, env: dict[str, str], deadline: float) -> None:
+        """Start etcd and NATS (MissingBinaries if either is not installed) and wait for both."""
+        binaries = find_binaries(self.config.python, env.get("PATH"))
+        servers.etcd_data_dir.mkdir(parents=True, exist_ok=True)
+        servers.nats_store_dir.mkdir(parents=True, exist_ok=True)
+        self._spawn("etcd", "discovery", servers.etcd_argv(binaries["etcd"]), env,
+                    system_port=None)
+        self._spawn("nats", "discovery", servers.nats_argv(binaries["nats-server"]), env,
+                    system_port=None)
+        self._wait_for(Readiness(lambda: etcd_healthy(servers.etcd_url),
+                                 f"etcd to be healthy at {servers.etcd_url}/health"), deadline)
+        self._wait_for(Readiness(lambda: port_open(servers.nats_port),
+                                 f"NATS to listen at {servers.nats_url}"), deadline)
+
     def _start_router(self, env: dict[str, str]) -> None:
         launch = self.arm.router(self.launch)
         if launch is None:
@@ -393,4 +464,5 @@ class LocalStack:
         wait_for(ready, deadline, still_running=self.assert_alive, timed_out=timed_out)
 
     def _failure_report(self, headline: str) -> str:
-        return f"{headline} (arm {self.config.arm}, run dir {self.run_dir})\n{self.log_tails()}"
+        return (f"{headline} (arm {self.config.arm}, {self.config.discovery} discovery, "
+                f"run dir {self.run_dir})\n{self.log_tails()}")  # fmt: skip

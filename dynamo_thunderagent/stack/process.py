@@ -21,7 +21,8 @@ from typing import Literal
 
 from dynamo_thunderagent.stack.topology import LOOPBACK, http_url
 
-Role = Literal["broker", "worker", "router", "frontend"]
+# "discovery": the etcd and NATS servers of a stack with etcd discovery.
+Role = Literal["discovery", "broker", "worker", "router", "frontend"]
 
 _PR_SET_PDEATHSIG = 1
 # DYN_SYSTEM_PORT must fit an i16 in Dynamo 1.6.1.

@@ -1,7 +1,7 @@
 """Readiness: the probes that say a stack (or one of its processes) is up, and the wait loop.
 
 Each probe answers one question from outside the processes (a port, an HTTP document, the
-file-discovery store, a log line) and never raises for a service that is not up yet.
+registered model cards, a log line) and never raises for a service that is not up yet.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dynamo_thunderagent.stack.topology import LOOPBACK, WORKER_COMPONENT
 
@@ -76,20 +77,19 @@ def log_contains(path: Path, line: str) -> bool:
 
 
 def worker_instances(
-    kv_dir: Path, worker_namespace: str, index_by_port: Mapping[int | None, int]
+    cards: Iterable[Mapping[str, Any]],
+    worker_namespace: str,
+    index_by_port: Mapping[int | None, int],
 ) -> dict[int, int]:
-    """Live worker instance ids keyed by worker index, from the file-discovery store.
+    """Live worker instance ids keyed by worker index, from the registered model cards
+    (:func:`~dynamo_thunderagent.stack.discovery.model_cards`).
 
     The match goes through each worker's system port (``index_by_port``), which its model
     card embeds in the URLs it serves its tokenizer files from.
     """
     found: dict[int, int] = {}
-    mdc_dir = kv_dir / "v1" / "mdc"
-    if not mdc_dir.is_dir():
-        return found
-    for entry in mdc_dir.iterdir():
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            card = json.loads(entry.read_text())
+    for card in cards:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
             if (card.get("namespace"), card.get("component")) != (
                 worker_namespace,
                 WORKER_COMPONENT,

@@ -12,6 +12,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +32,26 @@ E2E_MARKS = [
         reason="needs ai-dynamo 1.6.1 and openai installed",
     ),
 ]
+
+
+def _etcd_missing() -> str | None:
+    """Why the stack cannot run etcd discovery here (etcd or nats-server missing), or None."""
+    try:
+        from dynamo_thunderagent.stack.discovery import MissingBinaries, find_binaries
+    except ImportError as exc:  # the package itself is broken: let the tests say so
+        return f"cannot import the stack: {exc}"
+    try:
+        find_binaries(sys.executable)
+    except MissingBinaries as exc:
+        return str(exc)
+    return None
+
+
+ETCD_MISSING = _etcd_missing()
+# Skips a test (or one parameter of it) that needs etcd discovery where it cannot run here.
+NEEDS_ETCD = pytest.mark.skipif(ETCD_MISSING is not None, reason=f"etcd discovery: {ETCD_MISSING}")
+# The discoveries a stack test runs on: the file store, and etcd + NATS as a deployment runs.
+DISCOVERIES = ["file", pytest.param("etcd", marks=NEEDS_ETCD)]
 MODEL = "tiny"
 SESSION = "X-Dynamo-Session-ID"
 SESSION_FINAL = "X-Dynamo-Session-Final"

@@ -6,6 +6,10 @@ them with the official ``openai`` client. Tests that only need a healthy
 two-worker stack share one (module scope); tests that kill a worker, need
 tiny KV capacity or another policy start their own.
 
+The shared stack and the pressure and worker-death tests run twice: on file
+discovery, and on etcd + NATS as the README's deployment runs (the ``[etcd]``
+cases, skipped where etcd or nats-server is not installed).
+
 The router's GET /state is the observation point: the program table, tracked
 requests, pause/resume counters and what the router has forwarded. Waits poll
 it with deadlines; no assertion depends on how fast this machine is.
@@ -25,6 +29,7 @@ import pytest
 
 # This folder's conftest.py: pytest puts a test folder without __init__.py on sys.path.
 from conftest import (
+    DISCOVERIES,
     E2E_MARKS,
     ENGINE_DATA,
     MODEL,
@@ -86,11 +91,13 @@ async def _async_turn(client: Any, session: str, text: str, max_tokens: int,
 
 
 # ---- the shared two-worker stack ------------------------------------------------------------
-@pytest.fixture(scope="module")
-def shared_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    root = tmp_path_factory.mktemp("router-e2e")
+@pytest.fixture(scope="module", params=DISCOVERIES)
+def shared_stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    root = tmp_path_factory.mktemp(f"router-e2e-{request.param}")
     policy = write_policy(root / "policy.yaml", scheduler_interval_seconds=0.5)
-    with _stack(root / "run", policy) as stack:
+    with _stack(root / "run", policy, discovery=request.param) as stack:
         wait_until_ready(stack, 2)
         yield stack
 
@@ -257,15 +264,16 @@ def test_client_disconnect_mid_stream_aborts_the_turn_and_keeps_the_program(stac
 
 
 # ---- 4. pause and resume under KV pressure ---------------------------------------------------
+@pytest.mark.parametrize("discovery", DISCOVERIES)
 async def test_small_kv_capacity_pauses_and_resumes_programs_and_every_agent_finishes(
-    tmp_path: Path,
+    tmp_path: Path, discovery: str
 ) -> None:
     agents, turns = 6, 6
     policy = write_policy(tmp_path / "policy.yaml", scheduler_interval_seconds=0.5,
                           resume_timeout_seconds=30)
     # 2 workers x 64 blocks x 16 tokens: about 1,000 tokens per worker, while six
     # agents grow to about 500 tokens each (plus 100 buffer per program).
-    with _stack(tmp_path / "run", policy, num_gpu_blocks=64) as stack:
+    with _stack(tmp_path / "run", policy, num_gpu_blocks=64, discovery=discovery) as stack:
         await asyncio.to_thread(wait_until_ready, stack, 2)
         client = _async_client(stack, timeout=120)
 
@@ -304,11 +312,14 @@ async def test_small_kv_capacity_pauses_and_resumes_programs_and_every_agent_fin
 
 
 # ---- 6. a worker dies mid-run -----------------------------------------------------------------
-async def test_killed_worker_moves_its_programs_and_leaves_nothing_behind(tmp_path: Path) -> None:
+@pytest.mark.parametrize("discovery", DISCOVERIES)
+async def test_killed_worker_moves_its_programs_and_leaves_nothing_behind(
+    tmp_path: Path, discovery: str
+) -> None:
     import openai
 
     policy = write_policy(tmp_path / "policy.yaml", scheduler_interval_seconds=0.5)
-    with _stack(tmp_path / "run", policy) as stack:
+    with _stack(tmp_path / "run", policy, discovery=discovery) as stack:
         await asyncio.to_thread(wait_until_ready, stack, 2)
         instances = stack.worker_instances()
         victim, survivor = instances[0], instances[1]
