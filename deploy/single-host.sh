@@ -7,6 +7,8 @@ POLICY=${POLICY:-$(dirname "$0")/../policies/thunderagent.yaml}
 export DYN_DISCOVERY_BACKEND=${DYN_DISCOVERY_BACKEND:-etcd}
 export ETCD_ENDPOINTS=${ETCD_ENDPOINTS:-http://127.0.0.1:2379}
 export NATS_SERVER=${NATS_SERVER:-nats://127.0.0.1:4222}
+# Without it Dynamo 1.6.1 uses ZMQ for events and its workers listen on every address.
+export DYN_EVENT_PLANE=${DYN_EVENT_PLANE:-nats}
 
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait || true; }

@@ -69,7 +69,7 @@ class Discovery:
     where: str
     cards: tuple[Registration, ...] = ()
     error: str | None = None
-    listable: bool = True  # False: a backend doctor cannot list (only file is read)
+    listable: bool = True  # False: a backend doctor cannot list (it reads file and etcd)
 
 
 @dataclass(frozen=True)

@@ -99,12 +99,15 @@ def file_store(env: Mapping[str, str]) -> Path:
 
 
 def read_discovery(env: Mapping[str, str]) -> Discovery:
-    """Every model card in discovery. Only the file backend is listed (the local stack's and
-    a single host's); other backends are reported as not listed."""
+    """Every model card in discovery: the file store's, or etcd's (``ETCD_ENDPOINTS``, the
+    first one; Dynamo's default backend). Other backends are reported as not listed."""
     backend = env.get("DYN_DISCOVERY_BACKEND", "etcd")
+    if backend == "etcd":
+        return read_etcd(env)
     if backend != "file":
         return Discovery(backend, backend, listable=False,
-                         error="doctor lists registrations with DYN_DISCOVERY_BACKEND=file only")
+                         error="doctor lists registrations with DYN_DISCOVERY_BACKEND=file or "
+                               "etcd only")
     root = file_store(env)
     cards_dir = root / "v1" / "mdc"
     if not cards_dir.is_dir():
@@ -115,6 +118,28 @@ def read_discovery(env: Mapping[str, str]) -> Discovery:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             cards.append(registration(json.loads(entry.read_text())))
     return Discovery(backend, str(root), tuple(cards))
+
+
+def read_etcd(env: Mapping[str, str]) -> Discovery:
+    """The model cards in etcd, read through its JSON gateway like the local stack reads them."""
+    from dynamo_thunderagent.stack.discovery import MODEL_CARD_PREFIX, etcd_values
+
+    url = (env.get("ETCD_ENDPOINTS") or "http://127.0.0.1:2379").split(",")[0].strip()
+    if "://" not in url:
+        url = f"http://{url}"
+    try:
+        texts = etcd_values(url, MODEL_CARD_PREFIX + "/")
+    except (OSError, ValueError) as error:
+        return Discovery("etcd", url, error=f"etcd at {url} did not answer ({_why(error)}): "
+                         "is ETCD_ENDPOINTS the deployment's?")
+    cards = []
+    for text in texts:
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+            cards.append(registration(json.loads(text)))
+    if not cards:
+        return Discovery("etcd", url, error=f"no model cards in etcd at {url}: nothing "
+                         "registered, or another etcd than the deployment's")
+    return Discovery("etcd", url, tuple(cards))
 
 
 def registration(record: dict[str, Any]) -> Registration:

@@ -97,6 +97,14 @@ def test_agents_run_through_our_router_with_etcd_and_nats_discovery(tmp_path: Pa
             assert table[session]["steps"] == TURNS
             assert worker_of(table[session]) == workers[0]
 
+        # doctor, with the same settings, lists the registrations from etcd.
+        from test_doctor_e2e import run_doctor
+
+        _, findings = run_doctor(stack)
+        listed = [f for f in findings if f["check"] == "discovery"]
+        assert [f["status"] for f in listed] == ["ok"], listed
+        assert "etcd" in listed[0]["found"], listed
+
         # Session-final releases every program; the program table drains.
         with openai.OpenAI(base_url=stack.url, api_key="unused", timeout=30,
                            max_retries=0) as client:  # fmt: skip
