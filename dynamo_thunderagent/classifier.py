@@ -27,8 +27,9 @@ from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.config import EmptyParameters, ThunderAgentParameters
 from dynamo_thunderagent.costs import TurnTiming
 from dynamo_thunderagent.decisions import Decisions, Reject, Release
+from dynamo_thunderagent.events import SchedulerObserver, log_event
 from dynamo_thunderagent.program import NO_PREFIX, PrefixBlocks, RequestState, WorkerKey
-from dynamo_thunderagent.scheduler import Scheduler
+from dynamo_thunderagent.recording import RecordingScheduler
 
 log = structlog.get_logger("dynamo_thunderagent")
 
@@ -160,12 +161,19 @@ class ThunderAgentClassifier(RequestClassifier):
     def __init__(self, parameters: BaseModel, *, clock: Clock = time.monotonic) -> None:
         super().__init__(parameters, clock=clock)
         assert isinstance(parameters, ThunderAgentParameters)
-        self.scheduler = Scheduler(parameters)
+        self.scheduler = RecordingScheduler(parameters)
         self._waiters: dict[str, asyncio.Future[Release | Reject]] = {}
+        # Told of every program-changing step, rejection and tick (the router's metrics).
+        self.observers: list[SchedulerObserver] = []
 
     @property
     def tick_interval(self) -> float:
         return self.scheduler.params.scheduler_interval_seconds
+
+    @property
+    def deferred_requests(self) -> int:
+        """Turns waiting for admission now."""
+        return len(self._waiters)
 
     @property
     def prefix_blocks_wanted(self) -> int:
@@ -228,9 +236,12 @@ class ThunderAgentClassifier(RequestClassifier):
     def tick(self) -> None:
         started = time.perf_counter()
         decisions = self.scheduler.tick(self.clock())
+        elapsed = time.perf_counter() - started
         self._apply(decisions)
+        for observer in self.observers:
+            observer.ticked(elapsed)
         if decisions.changed:
-            log.info("scheduler.tick", elapsed_ms=round((time.perf_counter() - started) * 1e3, 3),
+            log.info("scheduler.tick", elapsed_ms=round(elapsed * 1e3, 3),
                      paused=len(decisions.paused), resumed=len(decisions.resumed),
                      marked=len(decisions.marked), expired=len(decisions.expired),
                      forced=len(decisions.forced), waiting=len(self._waiters))
@@ -258,16 +269,15 @@ class ThunderAgentClassifier(RequestClassifier):
             log.warning("request.rejected", request_id=reject.request_id, reason=reject.reason)
         for session_id in decisions.created:
             log.debug("program.created", session_id=session_id)
-        for session_id in decisions.paused:
-            log.info("program.paused", session_id=session_id)
         for session_id in decisions.marked:
             log.info("program.marked_for_pause", session_id=session_id)
-        for session_id, worker in decisions.resumed:
-            log.info("program.resumed", session_id=session_id,
-                     worker=None if worker is None else str(worker))
-        for session_id in decisions.forced:
-            log.warning("program.force_released", session_id=session_id)
-        for session_id in decisions.removed:
-            log.info("program.removed", session_id=session_id)
-        for session_id in decisions.expired:
-            log.info("program.expired", session_id=session_id)
+        # One event per program-changing step, with its reason, rank, tokens and wait
+        # (dynamo_thunderagent.events); the observers count the same steps.
+        record = self.scheduler.drain()
+        for event in record.events:
+            log_event(event)
+            for observer in self.observers:
+                observer.program_event(event)
+        for reason in record.rejections:
+            for observer in self.observers:
+                observer.rejected(reason)

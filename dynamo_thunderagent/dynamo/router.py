@@ -38,7 +38,9 @@ from dynamo_thunderagent.classifier import (
 from dynamo_thunderagent.costs import TurnTiming
 from dynamo_thunderagent.dynamo.stats import (
     PROBE_SESSION_PREFIX,
+    RouterObserver,
     RouterStats,
+    bounded_state,
     exposed_workers_due,
     missing_sessions_due,
 )
@@ -125,6 +127,7 @@ class ThunderAgentRouter:
         self.refresh_interval = refresh_interval
         self.clock = clock
         self.stats = RouterStats()
+        self.observer: RouterObserver | None = None  # the metrics, when served
         self._tickets = itertools.count()
         # Tracked (session) requests being forwarded, by id: what reap_orphans checks
         # against. Requests without a session are only counted: their ids are not the
@@ -155,6 +158,8 @@ class ThunderAgentRouter:
                 prefix_blocks=self.classifier.prefix_blocks_wanted)
         except BadSessionHeader as bad:
             self.stats.rejected += 1
+            if self.observer is not None:
+                self.observer.rejected("bad_session_header")
             raise _client_error(f"request {request_id}: {bad}") from None
         self._observe_session(classify_input)
         started = self.clock()
@@ -195,7 +200,10 @@ class ThunderAgentRouter:
         if not admission.tracked:
             self.stats.passthrough += 1
         elif not admission.session_final:
-            self.stats.admission_wait_s.append(self.clock() - started)
+            waited = self.clock() - started
+            self.stats.admission_wait_s.append(waited)
+            if self.observer is not None:
+                self.observer.admission_waited(waited)
         if admission.session_final:
             self.stats.session_final += 1
             yield session_final_response(request)
@@ -402,7 +410,7 @@ class ThunderAgentRouter:
 
     def state(self) -> dict[str, Any]:
         return {
-            "scheduler": self.classifier.snapshot(),
+            "scheduler": bounded_state(self.classifier.snapshot()),
             "router": self.stats.as_dict(self.clock()),
             "in_flight": len(self.in_flight) + self.passthrough_in_flight,
             "live_workers": sorted(self._live),

@@ -21,6 +21,7 @@ import structlog
 
 from dynamo_thunderagent.catalog import PluginError, default_catalog, load_policy
 from dynamo_thunderagent.config import PolicyError
+from dynamo_thunderagent.events import configure_logging
 
 log = structlog.get_logger("dynamo_thunderagent.serve")
 
@@ -44,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--refresh-interval", type=float, default=1.0,
                         help="seconds between reads of worker liveness and capacity")
     parser.add_argument("--state-host", default="127.0.0.1",
-                        help="host of the state endpoint (GET /state, /health)")
+                        help="host of the state endpoint (GET /state, /health, /metrics)")
     parser.add_argument("--state-port", type=int, default=0,
                         help="port of the state endpoint; 0 disables it")
 
@@ -82,6 +83,7 @@ def exposed_worker_path(worker_path: str, router_path: str) -> str | None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    configure_logging()  # JSON lines under DYN_LOGGING_JSONL, as Dynamo's processes
     # Validate everything before touching the runtime: a bad policy stops
     # startup with the same message `validate` prints.
     catalog = default_catalog()
@@ -126,8 +128,9 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     )
     from dynamo.runtime import DistributedRuntime
 
+    from dynamo_thunderagent.dynamo.metrics import RouterMetrics
     from dynamo_thunderagent.dynamo.router import ThunderAgentRouter
-    from dynamo_thunderagent.dynamo.stats import serve_state
+    from dynamo_thunderagent.dynamo.state_server import StateServer, on_loop
 
     loop = asyncio.get_running_loop()
     runtime = DistributedRuntime(
@@ -153,15 +156,21 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
                                 refresh_interval=args.refresh_interval,
                                 exposed=exposed, exposed_endpoint=exposed_path)
     router.start()
+    metrics = RouterMetrics(router, namespace=router_path.split(".")[0], model=args.model_name)
     state_server = None
     if args.state_port:
-        state_server = await serve_state(router.state, args.state_host, args.state_port)
+        state_server = StateServer(loop, router.state, metrics.exposition, args.state_host,
+                                   args.state_port).start()
 
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
     endpoint = runtime.endpoint(router_path)
+    # Our metrics join the component's own on its system server (DYN_SYSTEM_PORT), as
+    # Dynamo's backends add theirs (docs/metrics.md).
+    endpoint.metrics.register_prometheus_expfmt_callback(
+        lambda: _exposition(lambda: on_loop(loop, metrics.exposition)))
     await register_model(
         ModelInput.Tokens,
         ModelType.Chat | ModelType.Completions,
@@ -180,9 +189,19 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     log.info("router.stopping")
     await router.stop()
     if state_server is not None:
-        state_server.close()
+        await asyncio.to_thread(state_server.close)
     cards.shutdown()
     runtime.shutdown()
     serving.cancel()
     if serving.done() and not serving.cancelled() and serving.exception() is not None:
         raise serving.exception()  # type: ignore[misc]
+
+
+def _exposition(read: Any) -> str:
+    """Our metrics as text for the system server; nothing (rather than an error in its
+    /metrics) if the event loop is too busy to answer in time."""
+    try:
+        return bytes(read()).decode()
+    except TimeoutError:
+        log.warning("metrics.scrape_timeout", hint="the router's event loop did not answer")
+        return ""

@@ -1,4 +1,4 @@
-"""What the router counts, and the loopback HTTP server that shows it.
+"""What the router counts (GET /state, docs/state.md).
 
 The counters add up: every request the router receives ends in exactly one of
 passthrough, completed, aborted, rejected, session_final, cancelled or orphans
@@ -7,12 +7,10 @@ passthrough, completed, aborted, rejected, session_final, cancelled or orphans
 
 from __future__ import annotations
 
-import asyncio
-import json
+import itertools
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from dynamo_thunderagent.quantile import percentile
 
@@ -28,6 +26,31 @@ MISSING_SESSIONS_MIN_REQUESTS = 10
 # ``dynamo-thunderagent doctor`` probes the frontend with session-final requests whose session
 # id starts with this; they are counted apart (``doctor_probes``) and stay out of the window.
 PROBE_SESSION_PREFIX = "thunderagent-doctor-probe-"
+# GET /state lists at most this many programs (the default max_tracked_requests), so that a
+# response stays around 2 MB whatever the table holds; ``programs_total`` says how many exist.
+STATE_PROGRAM_LIMIT = 10_000
+
+
+class RouterObserver(Protocol):
+    """Told of what only the router sees (the metrics are one)."""
+
+    def admission_waited(self, seconds: float) -> None:
+        """A tracked turn was admitted after ``seconds``."""
+
+    def rejected(self, reason: str) -> None:
+        """The router rejected a request itself (``reason``: a bounded label)."""
+
+
+def bounded_state(scheduler: dict[str, Any], limit: int = STATE_PROGRAM_LIMIT) -> dict[str, Any]:
+    """The scheduler's snapshot with at most ``limit`` programs listed (the first created
+    first), plus ``programs_total``."""
+    programs = scheduler.get("programs")
+    if not isinstance(programs, dict):
+        return scheduler
+    scheduler["programs_total"] = len(programs)
+    if len(programs) > limit:
+        scheduler["programs"] = dict(itertools.islice(programs.items(), limit))
+    return scheduler
 
 
 @dataclass
@@ -117,33 +140,3 @@ class RouterStats:
             "recent_with_session": recent_with, "recent_without_session": recent_without,
             "recent_window": {"requests": self.recent.limit, "seconds": self.recent.seconds},
         }
-
-
-async def serve_state(state: Callable[[], dict[str, Any]], host: str,
-                      port: int) -> asyncio.AbstractServer:
-    """A tiny loopback HTTP server: GET /state (``state()`` as JSON) and GET /health."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request_line = await asyncio.wait_for(reader.readline(), 5)
-            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
-                pass
-            parts = request_line.decode("latin-1").split()
-            path = parts[1] if len(parts) > 1 else "/"
-            if path.startswith("/state"):
-                status, body = "200 OK", json.dumps(state()).encode()
-            elif path.startswith("/health"):
-                status, body = "200 OK", b'{"status": "ok"}'
-            else:
-                status, body = "404 Not Found", b'{"error": "try /state or /health"}'
-            writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
-            )
-            await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    return await asyncio.start_server(handle, host, port)

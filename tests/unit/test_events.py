@@ -1,0 +1,188 @@
+"""Program events: one per program-changing step, with the reason it was taken, logged with
+the same fields at a level that keeps INFO readable, and in step with the scheduler's counters."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import redirect_stderr
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from hypothesis import settings
+from hypothesis.stateful import invariant, run_state_machine_as_test
+from structlog.testing import capture_logs
+
+from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.events import (
+    EventKind,
+    ProgramEvent,
+    configure_logging,
+    log_event,
+)
+from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.recording import REJECTION_REASONS, RecordingScheduler, rejection_reason
+from tests.unit import test_properties
+from tests.unit.conftest import Harness
+
+REPO = Path(__file__).resolve().parents[2]
+W0 = WorkerKey(0, 0)
+
+
+def recording(**params: Any) -> Harness:
+    return Harness(RecordingScheduler(ThunderAgentParameters(
+        buffer_per_program=0, acting_decay_tau_seconds=1e9, **params)))
+
+
+def kinds(h: Harness) -> list[tuple[str, str, str]]:
+    assert isinstance(h.scheduler, RecordingScheduler)
+    return [(e.kind.value, e.program, e.reason) for e in h.scheduler.drain().events]
+
+
+def test_a_new_program_that_fits_no_rank_is_paused_for_no_room() -> None:
+    h = recording(pause_threshold=0.9)
+    h.workers({W0: 1000})
+    h.acting_on("a", W0, 800)
+    kinds(h)
+    h.turn("new", 300)  # 800 + 300 > 900
+    assert kinds(h) == [("paused", "new", "no_room"), ("deferred", "new", "program_paused")]
+
+
+def test_acting_programs_of_a_rank_over_its_threshold_are_paused_for_pressure() -> None:
+    h = recording(pause_threshold=0.9, pause_target=0.5)
+    h.workers({W0: 1000})
+    h.acting_on("a", W0, 500)
+    h.acting_on("b", W0, 300)
+    h.workers({W0: 800})  # capacity shrank under them: 800 > 720
+    kinds(h)
+    h.tick()
+    paused = [(program, reason) for kind, program, reason in kinds(h) if kind == "paused"]
+    assert paused and all(reason == "pressure" for _, reason in paused)
+
+
+def test_a_marked_program_is_paused_at_its_tool_boundary() -> None:
+    h = recording(pause_threshold=0.9, pause_target=0.5)
+    h.workers({W0: 1000})
+    running, _ = h.turn("a", 950)  # REASONING over the threshold: marked, not preempted
+    h.tick()
+    assert h.program("a").marked_for_pause
+    kinds(h)
+    h.complete(running, 960)
+    assert ("paused", "a", "tool_boundary") in kinds(h)
+
+
+def test_a_deferral_past_resume_timeout_is_recorded_as_forced_with_its_wait() -> None:
+    h = recording(resume_timeout_seconds=10)
+    h.workers({W0: 1000})
+    h.acting_on("big", W0, 900)
+    h.turn("small", 500)
+    h.tick()
+    assert isinstance(h.scheduler, RecordingScheduler)
+    h.scheduler.drain()
+    h.advance(11)
+    h.tick()
+    forced = [e for e in h.scheduler.drain().events if e.kind is EventKind.FORCED]
+    assert [(e.program, e.reason, e.wait) for e in forced] == [("small", "resume_timeout", 11)]
+
+
+def test_a_session_final_ends_the_program_and_an_expired_one_says_so() -> None:
+    h = recording(session_retention_seconds=60)
+    h.workers({W0: 1000})
+    h.acting_on("done", W0, 100)
+    h.acting_on("left", W0, 100)
+    h.final("done")
+    assert ("ended", "done", "session_final") in kinds(h)
+    h.advance(61)
+    h.tick()
+    assert ("expired", "left", "session_retention") in kinds(h)
+
+
+# ---- the events agree with the counters, over random runs ------------------------------------
+class RecordedMachine(test_properties.SchedulerMachine):
+    @invariant()
+    def recorded_steps_agree_with_the_counters(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        scheduler = self.scheduler
+        assert isinstance(scheduler, RecordingScheduler)
+        events = scheduler.record.events  # never drained here: every step since the start
+        by_kind = Counter(e.kind for e in events)
+        pauses = Counter(e.reason == "idle" for e in events if e.kind is EventKind.PAUSED)
+        c = scheduler.counters
+        assert pauses[False] == c["pauses"] and pauses[True] == c["idle_pauses"]
+        assert by_kind[EventKind.RESUMED] + by_kind[EventKind.FORCED] == c["resumes"]
+        assert by_kind[EventKind.FORCED] == c["forced_resumes"]
+        assert by_kind[EventKind.MOVED] == c["moves"]
+        assert by_kind[EventKind.EXPIRED] == c["expired"]
+        assert by_kind[EventKind.EVICTED] == c["evicted"]
+        assert len(scheduler.record.rejections) == c["rejected"]
+
+
+def test_recorded_steps_agree_with_the_scheduler_counters_over_random_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(test_properties, "Scheduler", RecordingScheduler)
+    run_state_machine_as_test(RecordedMachine, settings=settings(
+        max_examples=60, stateful_step_count=40, deadline=None))
+
+
+# ---- rejection reasons -----------------------------------------------------------------------
+def test_every_rejection_message_of_the_scheduler_has_a_reason_label() -> None:
+    source = (REPO / "dynamo_thunderagent" / "scheduler.py").read_text()
+    joined = re.sub(r'"\s*\n\s*f?"', "", source)  # implicit string concatenation
+    messages = re.findall(r'_reject\(d, request_id, f?"([^"]*)"', joined)
+    assert len(messages) >= 7
+    for message in messages:
+        assert rejection_reason(message) != "other", message
+    labels = {label for _, label in REJECTION_REASONS}
+    assert rejection_reason("something new") == "other" and "other" not in labels
+
+
+# ---- logging ---------------------------------------------------------------------------------
+EVENT = ProgramEvent(EventKind.PAUSED, "p1", W0, 300, "pressure")
+
+
+def test_every_event_has_the_same_fields_and_per_turn_ones_are_debug() -> None:
+    with capture_logs() as logs:
+        for kind in EventKind:
+            log_event(ProgramEvent(kind, "p1", W0, 300, "r", 1.5))
+    assert {frozenset(entry) for entry in logs} == {frozenset(
+        {"event", "log_level", "program", "worker_id", "dp_rank", "tokens", "reason", "wait_s"})}
+    debug = {entry["event"] for entry in logs if entry["log_level"] == "debug"}
+    assert debug == {"program.admitted", "program.deferred", "program.ended"}
+    assert {entry["log_level"] for entry in logs} == {"debug", "info"}
+
+
+@pytest.fixture
+def restore_structlog() -> Iterator[None]:
+    yield
+    structlog.reset_defaults()
+
+
+@pytest.mark.usefixtures("restore_structlog")
+def test_dyn_logging_jsonl_gives_one_json_object_per_event() -> None:
+    err = io.StringIO()
+    with redirect_stderr(err):
+        configure_logging({"DYN_LOGGING_JSONL": "1", "DYN_LOG": "info"})
+        log_event(EVENT)
+        log_event(ProgramEvent(EventKind.ADMITTED, "p1", W0, 300, "sticky"))  # DEBUG: hidden
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert record["event"] == "program.paused" and record["level"] == "info"
+    assert (record["program"], record["worker_id"], record["dp_rank"]) == ("p1", 0, 0)
+    assert (record["tokens"], record["reason"], record["wait_s"]) == (300, "pressure", 0.0)
+
+
+@pytest.mark.usefixtures("restore_structlog")
+def test_without_jsonl_events_are_console_lines_and_debug_shows_per_turn_ones() -> None:
+    err = io.StringIO()
+    with redirect_stderr(err):
+        configure_logging({"DYN_LOG": "debug"})
+        log_event(ProgramEvent(EventKind.ADMITTED, "p1", W0, 300, "sticky"))
+    assert "program.admitted" in err.getvalue() and not err.getvalue().startswith("{")
