@@ -167,8 +167,11 @@ def test_discovery_reads_the_file_store_and_skips_unreadable_cards(kv: Path) -> 
 def test_discovery_errors_name_the_store_or_the_backend(tmp_path: Path) -> None:
     missing = read_discovery({"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(tmp_path)})
     assert missing.error is not None and "no model cards under" in missing.error
-    etcd = read_discovery({})
-    assert etcd.backend == "etcd" and not etcd.listable
+    etcd = read_discovery({"ETCD_ENDPOINTS": "http://127.0.0.1:9"})  # nothing listens there
+    assert etcd.backend == "etcd" and etcd.error is not None
+    assert "etcd at http://127.0.0.1:9 did not answer" in etcd.error
+    kubernetes = read_discovery({"DYN_DISCOVERY_BACKEND": "kubernetes"})
+    assert kubernetes.backend == "kubernetes" and not kubernetes.listable
     assert file_store({"TMPDIR": "/x"}).name == "dynamo_store_kv"
 
 
