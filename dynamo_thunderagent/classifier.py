@@ -27,8 +27,8 @@ from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.config import EmptyParameters, ThunderAgentParameters
 from dynamo_thunderagent.costs import TurnTiming
 from dynamo_thunderagent.decisions import Decisions, Reject, Release
-from dynamo_thunderagent.events import SchedulerObserver, log_event
 from dynamo_thunderagent.program import NO_PREFIX, PrefixBlocks, RequestState, WorkerKey
+from dynamo_thunderagent.program_log import SchedulerObserver, log_event
 from dynamo_thunderagent.recording import RecordingScheduler
 
 log = structlog.get_logger("dynamo_thunderagent")
@@ -272,7 +272,7 @@ class ThunderAgentClassifier(RequestClassifier):
         for session_id in decisions.marked:
             log.info("program.marked_for_pause", session_id=session_id)
         # One event per program-changing step, with its reason, rank, tokens and wait
-        # (dynamo_thunderagent.events); the observers count the same steps.
+        # (dynamo_thunderagent.program_log); the observers count the same steps.
         record = self.scheduler.drain()
         for event in record.events:
             log_event(event)

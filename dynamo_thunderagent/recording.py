@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.decisions import Decisions
-from dynamo_thunderagent.events import EventKind, PauseReason, ProgramEvent
 from dynamo_thunderagent.program import Lifecycle, Program, RequestState, TrackedRequest, WorkerKey
+from dynamo_thunderagent.program_log import EventKind, PauseReason, ProgramEvent
 from dynamo_thunderagent.scheduler import Scheduler
 
 # Why a request was rejected, as a bounded label (the message itself names the limit and

@@ -3,8 +3,8 @@
 Two kinds of source, so that every figure is exact and cheap:
 
 - **counters and histograms** move when something happens: the scheduler's recorded steps
-  (:class:`~dynamo_thunderagent.events.ProgramEvent`, one per pause, resume, move, expiry,
-  eviction, end; told through :class:`~dynamo_thunderagent.events.SchedulerObserver`), its
+  (:class:`~dynamo_thunderagent.program_log.ProgramEvent`, one per pause, resume, move, expiry,
+  eviction, end; told through :class:`~dynamo_thunderagent.program_log.SchedulerObserver`), its
   rejections, each tick's duration and each admitted turn's wait. Nothing is recounted from
   state, so a pause counted here is a pause the scheduler decided.
 - **gauges** and the router's request counters are read when Prometheus scrapes (a
@@ -28,8 +28,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dynamo_thunderagent.classifier import ThunderAgentClassifier
-from dynamo_thunderagent.events import EventKind, ProgramEvent
 from dynamo_thunderagent.program import Lifecycle, Phase
+from dynamo_thunderagent.program_log import EventKind, ProgramEvent
 
 if TYPE_CHECKING:
     from dynamo_thunderagent.dynamo.router import ThunderAgentRouter

@@ -21,7 +21,7 @@ import structlog
 
 from dynamo_thunderagent.catalog import PluginError, default_catalog, load_policy
 from dynamo_thunderagent.config import PolicyError
-from dynamo_thunderagent.events import configure_logging
+from dynamo_thunderagent.program_log import configure_logging
 
 log = structlog.get_logger("dynamo_thunderagent.serve")
 

@@ -22,7 +22,7 @@ import structlog
 
 from dynamo_thunderagent.program import WorkerKey
 
-log = structlog.get_logger("dynamo_thunderagent.events")
+log = structlog.get_logger("dynamo_thunderagent.program_log")
 
 
 class EventKind(enum.Enum):

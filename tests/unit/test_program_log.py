@@ -19,13 +19,13 @@ from hypothesis.stateful import invariant, run_state_machine_as_test
 from structlog.testing import capture_logs
 
 from dynamo_thunderagent.config import ThunderAgentParameters
-from dynamo_thunderagent.events import (
+from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.program_log import (
     EventKind,
     ProgramEvent,
     configure_logging,
     log_event,
 )
-from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.recording import REJECTION_REASONS, RecordingScheduler, rejection_reason
 from tests.unit import test_properties
 from tests.unit.conftest import Harness
