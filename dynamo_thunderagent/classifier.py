@@ -33,6 +33,9 @@ from dynamo_thunderagent.scheduler import Scheduler
 log = structlog.get_logger("dynamo_thunderagent")
 
 Clock = Callable[[], float]
+# Called with every Decisions a classifier applies (the lifecycle notifications and the
+# recent-decisions view of /state listen here).
+DecisionListener = Callable[[Decisions], None]
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,12 @@ class RequestClassifier(ABC):
     def __init__(self, parameters: BaseModel, *, clock: Clock = time.monotonic) -> None:
         self.parameters = parameters
         self.clock = clock
+        self.decision_listeners: list[DecisionListener] = []
+
+    def reconfigure(self, parameters: BaseModel) -> bool:
+        """Run with new ``parameters`` (already validated) without losing state; False if
+        this type cannot change them live (the shell then keeps the old ones)."""
+        return False
 
     @abstractmethod
     async def classify(self, request: ClassifyRequest) -> Admission:
@@ -162,6 +171,14 @@ class ThunderAgentClassifier(RequestClassifier):
         assert isinstance(parameters, ThunderAgentParameters)
         self.scheduler = Scheduler(parameters)
         self._waiters: dict[str, asyncio.Future[Release | Reject]] = {}
+
+    def reconfigure(self, parameters: BaseModel) -> bool:
+        """Every ThunderAgent parameter can change live; programs, waiting turns and
+        counters are kept (docs/operate.md)."""
+        assert isinstance(parameters, ThunderAgentParameters)
+        self.scheduler.reconfigure(parameters)
+        self.parameters = parameters
+        return True
 
     @property
     def tick_interval(self) -> float:
@@ -271,3 +288,9 @@ class ThunderAgentClassifier(RequestClassifier):
             log.info("program.removed", session_id=session_id)
         for session_id in decisions.expired:
             log.info("program.expired", session_id=session_id)
+        if decisions.changed:
+            for listener in self.decision_listeners:
+                try:
+                    listener(decisions)
+                except Exception as error:  # a listener must never stop admission
+                    log.exception("decisions.listener_failed", error=repr(error))
