@@ -87,10 +87,12 @@ def _ranks(scheduler: dict[str, Any], params: dict[str, Any]) -> Table:
     resume = pause - float(params.get("resume_hysteresis", 0.10))
     table = Table(title=f"workers/ranks (pause above {pause:.0%}, resume below {resume:.0%})",
                   title_justify="left", expand=True)
-    for column in ("worker/rank", "capacity", "usage", "usage / capacity", "pause at",
-                   "resume below", "resident", "paused here"):
-        table.add_column(column, justify="left" if column in ("worker/rank",
-                                                              "usage / capacity") else "right")
+    table.add_column("worker/rank", no_wrap=True)
+    for column in ("capacity", "usage"):
+        table.add_column(column, justify="right")
+    table.add_column("usage / capacity", no_wrap=True, min_width=BAR_WIDTH + 8)
+    for column in ("pause at", "resume below", "resident", "paused here"):
+        table.add_column(column, justify="right")
     paused_here: dict[str, int] = {}
     for program in scheduler.get("programs", {}).values():
         if program.get("lifecycle") == "paused" and program.get("worker"):
