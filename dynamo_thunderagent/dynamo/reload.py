@@ -95,9 +95,13 @@ class PolicyReloader:
         self.clock = clock
         self.reloads: dict[str, int] = dict.fromkeys(RESULTS, 0)
         self.last: dict[str, Any] | None = None
+        # The file as last read (what `watch` compares with): taken now, as the running
+        # policy was read just before, and again at every reload.
+        self._seen = _signature(self.path)
 
     def reload(self, trigger: str = "SIGHUP") -> ReloadPlan:
         """Read, validate and apply the policy file; the old policy stays on any failure."""
+        self._seen = _signature(self.path)
         try:
             new = load_policy(self.path, self.catalog)
             check_policy(new)
@@ -132,12 +136,10 @@ class PolicyReloader:
 
     async def watch(self, interval: float = 1.0) -> None:
         """Reload whenever the file changes (its size, modification time or inode)."""
-        seen = _signature(self.path)
         while True:
             await asyncio.sleep(interval)
             now = _signature(self.path)
-            if now != seen and now is not None:
-                seen = now
+            if now != self._seen and now is not None:
                 self.reload(trigger="file changed")
 
 

@@ -236,6 +236,11 @@ def _operate(args: argparse.Namespace, policy: Any, catalog: Any, classifier: An
     scheduler = getattr(classifier, "scheduler", None)
     programs = {} if scheduler is None else scheduler.table.programs
     notifier = LifecycleNotifier(table_worker_of(programs), operate.publisher)
-    classifier.decision_listeners.append(notifier)
+    listeners = getattr(classifier, "decision_listeners", None)
+    if listeners is None:  # a plugin type that does not call RequestClassifier.__init__
+        log.warning("lifecycle.unavailable", classifier=type(classifier).__name__,
+                    reason="the classifier has no decision_listeners; no lifecycle events")
+    else:
+        listeners.append(notifier)
     router.state_extensions["lifecycle"] = notifier.state
     return operate

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+from argparse import Namespace
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,6 +17,7 @@ from dynamo_thunderagent.classifier import ThunderAgentClassifier
 from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.costs import EngineCosts, MeasuredRecompute, TurnTiming
 from dynamo_thunderagent.dynamo.reload import PolicyReloader, plan_reload
+from dynamo_thunderagent.dynamo.serve import _operate
 from dynamo_thunderagent.program import Lifecycle
 
 from .conftest import W0, W1, Harness, make
@@ -134,3 +141,37 @@ def test_a_new_classifier_type_or_selector_needs_a_restart(tmp_path: Path) -> No
         "name: ta", "name: tb").replace("aggregated: ta", "aggregated: tb"), encoding="utf-8")
     assert plan_reload(old, load_policy(other, builtin_catalog())).result == "needs_restart"
     assert plan_reload(old, old).message == "no parameter changed"
+
+
+# ---- serve's wiring: SIGHUP and --watch-policy --------------------------------------------
+async def _until(predicate: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("watch", [False, True], ids=["sighup", "watch-policy"])
+async def test_serve_reloads_on_sighup_or_when_the_file_changes(tmp_path: Path,
+                                                                watch: bool) -> None:
+    path = _write(tmp_path / "policy.yaml", 0.9)
+    catalog = builtin_catalog()
+    policy = load_policy(path, catalog)
+    assert policy.classifier is not None
+    classifier = catalog.build_classifier(policy.classifier)
+    assert isinstance(classifier, ThunderAgentClassifier)
+    router = SimpleNamespace(state_extensions={})
+    args = Namespace(router_policy_config=str(path), watch_policy=watch, events_port=0,
+                     state_host="127.0.0.1")
+    loop = asyncio.get_running_loop()
+    operate = _operate(args, policy, catalog, classifier, router, loop)
+    try:
+        _write(path, 0.85)
+        if not watch:
+            os.kill(os.getpid(), signal.SIGHUP)  # this process: the handler is ours
+        await _until(lambda: router.state_extensions["policy"]()["reloads"]["ok"] == 1)
+        assert classifier.scheduler.params.pause_threshold == 0.85
+        assert router.state_extensions["lifecycle"]()["published"]["paused"] == 0
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
+        operate.close()
