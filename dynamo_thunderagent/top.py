@@ -206,7 +206,7 @@ def render(state: dict[str, Any] | None, *, url: str, now: float,
     """
     parts: list[RenderableType] = []
     if error is not None:
-        parts.append(Panel(Text(f"cannot read {url}: {error}; retrying", style="bold red")))
+        parts.append(Panel(Text(f"cannot read {url}: {error}", style="bold red")))
     if state is None:
         return Group(*parts) if parts else Text(f"waiting for {url}")
     scheduler = state.get("scheduler", {})
@@ -225,12 +225,12 @@ def run_top(args: argparse.Namespace) -> int:
     state: dict[str, Any] | None = None
     error: str | None = None
 
-    def read() -> None:
+    def read(retry: str = "") -> None:
         nonlocal state, error
         try:
             state, error = fetch_state(url), None
         except (OSError, ValueError) as failure:
-            error = _reason(failure)
+            error = _reason(failure) + retry
 
     if args.once:
         read()
@@ -240,7 +240,7 @@ def run_top(args: argparse.Namespace) -> int:
         with Live(render(None, url=url, now=time.time()), console=console, screen=True,
                   auto_refresh=False) as live:
             while True:
-                read()
+                read(f"; retrying every {args.interval:g}s")
                 live.update(render(state, url=url, now=time.time(), error=error), refresh=True)
                 time.sleep(args.interval)
     except KeyboardInterrupt:
