@@ -116,10 +116,14 @@ def _programs(scheduler: dict[str, Any]) -> Table:
     resident = sum(1 for p in programs.values() if p.get("lifecycle") == "active")
     table = Table(title=f"programs: {resident} resident, {len(programs) - resident} paused",
                   title_justify="left", expand=True)
+    # Dynamo's worker ids are 64-bit: the column takes the longest whole.
+    widest = max((len(str(p.get("worker") or "")) for p in programs.values()), default=0)
     for column in ("session", "lifecycle", "phase", "worker/rank", "tokens", "steps",
                    "turn", "pauses", "resumes", "moves"):
         table.add_column(column, justify="left" if column in ("session", "lifecycle", "phase",
-                                                              "worker/rank", "turn") else "right")
+                                                              "worker/rank", "turn") else "right",
+                         min_width=widest if column == "worker/rank" else None,
+                         no_wrap=column in ("worker/rank", "turn"))
     # Resident first, then paused; largest first within each.
     ordered = sorted(programs.items(), key=lambda item: (item[1].get("lifecycle") != "active",
                                                          -int(item[1].get("tokens") or 0)))
