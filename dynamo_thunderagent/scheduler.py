@@ -10,8 +10,10 @@ parameters: the cost model (:mod:`~dynamo_thunderagent.costs`: does a pause
 pay?), the pause rule (:mod:`~dynamo_thunderagent.pressure`: who gives way) and
 the resume planner (:mod:`~dynamo_thunderagent.resume`: who comes back, and
 where programs run). This module applies their plans and owns every state
-change. It is longer than most (about 520 lines) because admission, the four
+change. It is longer than most (about 600 lines) because admission, the four
 lifecycle events and the tick are one algorithm that reads best top to bottom.
+The seams are rebuilt, and everything else kept, when a policy reload brings new
+parameters (:meth:`Scheduler.reconfigure`).
 
 Invariants the property tests check after every step:
 
