@@ -34,6 +34,9 @@ from dynamo_thunderagent.recording import RecordingScheduler
 log = structlog.get_logger("dynamo_thunderagent")
 
 Clock = Callable[[], float]
+# Called with every Decisions a classifier applies (the lifecycle notifications and the
+# recent-decisions view of /state listen here).
+DecisionListener = Callable[[Decisions], None]
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,12 @@ class RequestClassifier(ABC):
     def __init__(self, parameters: BaseModel, *, clock: Clock = time.monotonic) -> None:
         self.parameters = parameters
         self.clock = clock
+        self.decision_listeners: list[DecisionListener] = []
+
+    def reconfigure(self, parameters: BaseModel) -> bool:
+        """Run with new ``parameters`` (already validated) without losing state; False if
+        this type cannot change them live (the shell then keeps the old ones)."""
+        return False
 
     @abstractmethod
     async def classify(self, request: ClassifyRequest) -> Admission:
@@ -165,6 +174,14 @@ class ThunderAgentClassifier(RequestClassifier):
         self._waiters: dict[str, asyncio.Future[Release | Reject]] = {}
         # Told of every program-changing step, rejection and tick (the router's metrics).
         self.observers: list[SchedulerObserver] = []
+
+    def reconfigure(self, parameters: BaseModel) -> bool:
+        """Every ThunderAgent parameter can change live; programs, waiting turns and
+        counters are kept (docs/operate.md)."""
+        assert isinstance(parameters, ThunderAgentParameters)
+        self.scheduler.reconfigure(parameters)
+        self.parameters = parameters
+        return True
 
     @property
     def tick_interval(self) -> float:
@@ -281,3 +298,9 @@ class ThunderAgentClassifier(RequestClassifier):
         for reason in record.rejections:
             for observer in self.observers:
                 observer.rejected(reason)
+        if decisions.changed:
+            for listener in self.decision_listeners:
+                try:
+                    listener(decisions)
+                except Exception as error:  # a listener must never stop admission
+                    log.exception("decisions.listener_failed", error=repr(error))

@@ -39,6 +39,12 @@ def _doctor(args: argparse.Namespace) -> int:
     return run_doctor(args)
 
 
+def _top(args: argparse.Namespace) -> int:
+    from dynamo_thunderagent.top import run_top
+
+    return run_top(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from dynamo_thunderagent.bench.demo import run_demo
 
@@ -69,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_doctor_arguments(doctor)
     doctor.set_defaults(func=_doctor)
+
+    top = sub.add_parser(
+        "top", help="a live terminal view of a running router's /state (usage, programs, "
+                    "waits, decisions)")
+    from dynamo_thunderagent.top import add_arguments as add_top_arguments
+
+    add_top_arguments(top)
+    top.set_defaults(func=_top)
 
     from dynamo_thunderagent.stack.__main__ import build_parser as stack_parser
     from dynamo_thunderagent.stack.__main__ import run_stack_cli

@@ -137,6 +137,17 @@ class IdlePrograms:
         # Past their horizon, in the order they got there.
         self.dormant: dict[str, Program] = {}
 
+    def reconfigure(self, *, factor: float | None, minimum: float, maximum: float) -> None:
+        """New horizon rules for programs that go idle from now on (a policy reload).
+
+        Horizons already set keep their deadline; with ``factor`` None nothing becomes
+        dormant any more, so the pending horizons and the dormant set are dropped.
+        """
+        self.factor, self.minimum, self.maximum = factor, minimum, maximum
+        if factor is None:
+            self._horizons.clear()
+            self.dormant.clear()
+
     def _current(self, session_id: str, seq: int, last_active: float) -> Program | None:
         """The program an entry names, if it is still that idle period of that program."""
         program = self.programs.get(session_id)

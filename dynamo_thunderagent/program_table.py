@@ -46,6 +46,13 @@ class ProgramTable:
         # admission reads it for every rank, so it must be a dict lookup.
         self._usage: dict[WorkerKey, float] = {}
 
+    def set_usage_model(self, usage_model: UsageModel) -> None:
+        """Price every rank under ``usage_model`` from now on (a policy reload): the
+        integer ledger is kept, only the usage derived from it is recomputed."""
+        self.usage_model = usage_model
+        for worker, ledger in self._ledger.items():
+            self._refresh(worker, ledger)
+
     # ---- programs -------------------------------------------------------------
     def create(self, session_id: str, now: float) -> Program:
         self._seq += 1

@@ -10,8 +10,10 @@ parameters: the cost model (:mod:`~dynamo_thunderagent.costs`: does a pause
 pay?), the pause rule (:mod:`~dynamo_thunderagent.pressure`: who gives way) and
 the resume planner (:mod:`~dynamo_thunderagent.resume`: who comes back, and
 where programs run). This module applies their plans and owns every state
-change. It is longer than most (about 520 lines) because admission, the four
+change. It is longer than most (about 600 lines) because admission, the four
 lifecycle events and the tick are one algorithm that reads best top to bottom.
+The seams are rebuilt, and everything else kept, when a policy reload brings new
+parameters (:meth:`Scheduler.reconfigure`).
 
 Invariants the property tests check after every step:
 
@@ -28,7 +30,15 @@ from __future__ import annotations
 
 from dynamo_thunderagent.capacity import Capacity, CapacityCard, UsageModel
 from dynamo_thunderagent.config import ThunderAgentParameters
-from dynamo_thunderagent.costs import EngineCosts, HostTierCosts, TurnTiming, cost_model
+from dynamo_thunderagent.costs import (
+    CostModel,
+    EngineCosts,
+    HostTierCosts,
+    MeasuredRecompute,
+    PauseAlwaysPays,
+    TurnTiming,
+    cost_model,
+)
 from dynamo_thunderagent.decisions import Decisions, Reject, Release
 from dynamo_thunderagent.idle import IdlePrograms
 from dynamo_thunderagent.pressure import pause_rule
@@ -55,21 +65,10 @@ class Scheduler:
 
     def __init__(self, params: ThunderAgentParameters) -> None:
         self.params = params
-        self.usage_model = UsageModel(
-            acting_token_weight=params.acting_token_weight,
-            acting_decay_tau_seconds=params.acting_decay_tau_seconds,
-            buffer_per_program=params.buffer_per_program,
-        )
+        self.usage_model = _usage_model(params)
         self.table = ProgramTable(self.usage_model)
         self.capacity = Capacity()
-        # The three seams, chosen once from the parameters (parity by default):
-        # what recompute costs, who gives way under pressure, who comes back and where.
-        self.costs = cost_model(params.pause_min_recompute_ratio)
-        self.host_tier: HostTierCosts | None = None
-        if params.host_kv_blocks:
-            self.costs = self.host_tier = HostTierCosts(self.costs)
-        self.pause_rule = pause_rule(params, self.usage_model, self.costs)
-        self.planner = ResumePlanner(params, self.costs)
+        self._build_seams(params, cost_model(params.pause_min_recompute_ratio))
         self._released = 0  # tracked requests released and not yet ended
         self.counters = {"pauses": 0, "idle_pauses": 0, "resumes": 0, "forced_resumes": 0,
                          "moves": 0, "priced_moves": 0, "move_price_ms": 0, "held_home": 0,
@@ -82,6 +81,38 @@ class Scheduler:
         self.idle = IdlePrograms(self.table.programs, factor=params.idle_horizon_factor,
                                  minimum=params.idle_horizon_min_seconds,
                                  maximum=params.session_retention_seconds)
+
+    def _build_seams(self, params: ThunderAgentParameters, costs: CostModel) -> None:
+        """The three seams, chosen from the parameters (parity by default): what
+        recompute costs, who gives way under pressure, who comes back and where."""
+        self.costs = costs
+        self.host_tier: HostTierCosts | None = None
+        if params.host_kv_blocks:
+            self.costs = self.host_tier = HostTierCosts(self.costs)
+        self.pause_rule = pause_rule(params, self.usage_model, self.costs)
+        self.planner = ResumePlanner(params, self.costs)
+
+    def reconfigure(self, params: ThunderAgentParameters) -> None:
+        """Run with ``params`` from now on, keeping every program, request and counter.
+
+        The usage model and the three seams are rebuilt from ``params``; the program
+        table (re-priced under the new usage model), capacity, counters, the waiting
+        turns and the engine costs measured so far are kept. Nothing is decided here:
+        the next call (an event or the tick) applies the new thresholds. Idle horizons
+        already set keep their deadline; programs that go idle from now on get the new
+        ones.
+        """
+        self.params = params
+        self.usage_model = _usage_model(params)
+        self.table.set_usage_model(self.usage_model)
+        old_costs = self.costs
+        self._build_seams(params, _carry_costs(old_costs, params.pause_min_recompute_ratio))
+        if self.host_tier is not None and isinstance(old_costs, HostTierCosts):
+            # Kept until the next tick recomputes it over the table.
+            self.host_tier.spare_tokens = old_costs.spare_tokens
+        self.idle.reconfigure(factor=params.idle_horizon_factor,
+                              minimum=params.idle_horizon_min_seconds,
+                              maximum=params.session_retention_seconds)
 
     # ---- workers ---------------------------------------------------------------
     def set_workers(
@@ -523,5 +554,46 @@ class Scheduler:
     # ---- introspection ---------------------------------------------------------
     def snapshot(self, now: float) -> dict[str, object]:
         """Plain-data view of the state, for the router's /state and for tests."""
-        return snapshot(self.table, self.capacity, self.idle, self.counters, self.costs,
-                        len(self._deferred), now)
+        state = snapshot(self.table, self.capacity, self.idle, self.counters, self.costs,
+                         len(self._deferred), now)
+        state["parameters"] = self.params.model_dump()
+        # The turns waiting for room, longest wait first (what `top` shows as the queue).
+        state["deferred"] = [
+            {"session_id": p.session_id, "tokens": p.tokens, "phase": p.phase.value,
+             "worker": None if p.worker is None else str(p.worker),
+             "waited_seconds": max(0.0, now - p.deferred_since)}
+            for p in sorted(self._deferred.values(),
+                            key=lambda p: (p.deferred_since or now, p.seq))
+            if p.deferred_since is not None
+        ]
+        return state
+
+
+
+def _usage_model(params: ThunderAgentParameters) -> UsageModel:
+    return UsageModel(
+        acting_token_weight=params.acting_token_weight,
+        acting_decay_tau_seconds=params.acting_decay_tau_seconds,
+        buffer_per_program=params.buffer_per_program,
+    )
+
+
+def _carry_costs(old: CostModel, ratio: float | None) -> CostModel:
+    """The cost model for ``ratio`` that keeps what ``old`` measured of the engine.
+
+    The meter (smoothed prefill and decode times) moves over as it is; a measured
+    model also keeps the costs it was told or had measured.
+    """
+    inner = old.inner if isinstance(old, HostTierCosts) else old
+    meter = inner.meter if isinstance(inner, (PauseAlwaysPays, MeasuredRecompute)) else None
+    new = cost_model(ratio)
+    if meter is not None and isinstance(new, (PauseAlwaysPays, MeasuredRecompute)):
+        new.meter = meter
+    if isinstance(new, MeasuredRecompute):
+        if isinstance(inner, MeasuredRecompute):
+            new.costs = inner.costs
+        elif (meter is not None and meter.prefill_seconds_per_token is not None
+              and meter.decode_seconds is not None):
+            new.costs = EngineCosts(meter.prefill_seconds_per_token, meter.decode_seconds)
+    return new
+

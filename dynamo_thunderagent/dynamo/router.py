@@ -146,6 +146,8 @@ class ThunderAgentRouter:
         self._exposed: frozenset[int] = frozenset()
         self._exposed_warned_at: float | None = None
         self._sessions_notice_at: float | None = None
+        # More parts of /state, by key (the policy reloader, the lifecycle notifications).
+        self.state_extensions: dict[str, Callable[[], Any]] = {}
 
     # ---- request path -------------------------------------------------------------
     async def generate(self, request: dict[str, Any], context: Any = None) -> AsyncIterator[Any]:
@@ -374,7 +376,8 @@ class ThunderAgentRouter:
 
     async def _tick(self, interval: float) -> None:
         while True:
-            await asyncio.sleep(interval)
+            # Read each time: a policy reload may change the interval.
+            await asyncio.sleep(self.classifier.tick_interval or interval)
             try:
                 self.classifier.tick()
                 self.reap_orphans()
@@ -418,6 +421,7 @@ class ThunderAgentRouter:
             "exposed_workers": sorted(self._exposed),
             "exposed_endpoint": self.exposed_endpoint,
             "block_size": self.block_size,
+            **{key: part() for key, part in self.state_extensions.items()},
         }
 
 

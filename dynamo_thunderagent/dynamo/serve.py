@@ -21,6 +21,7 @@ import structlog
 
 from dynamo_thunderagent.catalog import PluginError, default_catalog, load_policy
 from dynamo_thunderagent.config import PolicyError
+from dynamo_thunderagent.dynamo.reload import check_policy
 from dynamo_thunderagent.program_log import configure_logging
 
 log = structlog.get_logger("dynamo_thunderagent.serve")
@@ -48,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="host of the state endpoint (GET /state, /health, /metrics)")
     parser.add_argument("--state-port", type=int, default=0,
                         help="port of the state endpoint; 0 disables it")
+    parser.add_argument("--events-port", type=int, default=0,
+                        help="publish program lifecycle notifications (paused, resuming, "
+                             "ended, expired) on a ZeroMQ PUB socket at "
+                             "tcp://<state-host>:PORT (dynamo_thunderagent.events); 0: off")
+    parser.add_argument("--watch-policy", action="store_true",
+                        help="reload --router-policy-config when the file changes (SIGHUP "
+                             "always reloads it); see docs/operate.md")
 
 
 # The router's namespace when neither --router-endpoint nor $DYN_NAMESPACE names one.
@@ -92,9 +100,10 @@ def run_serve(args: argparse.Namespace) -> int:
     except (PolicyError, PluginError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if policy.classifier is None or "aggregated" not in policy.stages:
-        print(f"error: {args.router_policy_config}: the router needs request_classifier and "
-              "worker_selection.aggregated", file=sys.stderr)
+    try:
+        check_policy(policy)
+    except PolicyError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     worker_path = _endpoint_path(args.endpoint)
     router_path = _endpoint_path(args.router_endpoint or default_router_endpoint(os.environ))
@@ -155,6 +164,7 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
                                 block_size=args.block_size,
                                 refresh_interval=args.refresh_interval,
                                 exposed=exposed, exposed_endpoint=exposed_path)
+    operate = _operate(args, policy, catalog, classifier, router, loop)
     router.start()
     metrics = RouterMetrics(router, namespace=router_path.split(".")[0], model=args.model_name)
     state_server = None
@@ -188,6 +198,7 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     await asyncio.wait({serving, stopped}, return_when=asyncio.FIRST_COMPLETED)
     log.info("router.stopping")
     await router.stop()
+    operate.close()
     if state_server is not None:
         await asyncio.to_thread(state_server.close)
     cards.shutdown()
@@ -205,3 +216,50 @@ def _exposition(read: Any) -> str:
     except TimeoutError:
         log.warning("metrics.scrape_timeout", hint="the router's event loop did not answer")
         return ""
+
+
+class _Operate:
+    """What ``serve`` adds for operators: policy reloads and lifecycle notifications."""
+
+    def __init__(self) -> None:
+        self.tasks: list[asyncio.Task[None]] = []
+        self.publisher: Any = None
+
+    def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        if self.publisher is not None:
+            self.publisher.close()
+
+
+def _operate(args: argparse.Namespace, policy: Any, catalog: Any, classifier: Any,
+             router: Any, loop: asyncio.AbstractEventLoop) -> _Operate:
+    """Reload the policy on SIGHUP (and on change with --watch-policy); publish lifecycle
+    events with --events-port; both show in /state (``policy``, ``lifecycle``)."""
+    from dynamo_thunderagent.dynamo.notify import (
+        EventPublisher,
+        LifecycleNotifier,
+        table_worker_of,
+    )
+    from dynamo_thunderagent.dynamo.reload import PolicyReloader
+
+    operate = _Operate()
+    reloader = PolicyReloader(args.router_policy_config, catalog, policy, classifier)
+    loop.add_signal_handler(signal.SIGHUP, reloader.reload)
+    router.state_extensions["policy"] = reloader.state
+    if args.watch_policy:
+        operate.tasks.append(loop.create_task(reloader.watch()))
+    if args.events_port:
+        operate.publisher = EventPublisher(args.state_host, args.events_port)
+        log.info("lifecycle.publishing", url=operate.publisher.url)
+    scheduler = getattr(classifier, "scheduler", None)
+    programs = {} if scheduler is None else scheduler.table.programs
+    notifier = LifecycleNotifier(table_worker_of(programs), operate.publisher)
+    listeners = getattr(classifier, "decision_listeners", None)
+    if listeners is None:  # a plugin type that does not call RequestClassifier.__init__
+        log.warning("lifecycle.unavailable", classifier=type(classifier).__name__,
+                    reason="the classifier has no decision_listeners; no lifecycle events")
+    else:
+        listeners.append(notifier)
+    router.state_extensions["lifecycle"] = notifier.state
+    return operate

@@ -328,6 +328,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.set_workers(self.live, cards)
 
     # ---- rules: time ------------------------------------------------------------------
+    @rule(params=st.sampled_from(PARAMETER_SETS))
+    def reload_policy(self, params: dict[str, Any]) -> None:
+        """A policy reload (SIGHUP) mid-run: new parameters, same programs and requests."""
+        self.params = ThunderAgentParameters(
+            resume_timeout_seconds=TIMEOUT, session_retention_seconds=RETENTION,
+            scheduler_interval_seconds=INTERVAL, max_tracked_requests=MAX_TRACKED, **params)
+        before = set(self.table.programs), set(self.table.requests)
+        self.scheduler.reconfigure(self.params)
+        assert (set(self.table.programs), set(self.table.requests)) == before
+
     @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 2.5, INTERVAL]))
     def advance_and_tick(self, dt: float) -> None:
         self.now += dt

@@ -1,0 +1,177 @@
+"""Policy reloads: new parameters reach the live scheduler and no program is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from argparse import Namespace
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dynamo_thunderagent.catalog import builtin_catalog, load_policy
+from dynamo_thunderagent.classifier import ThunderAgentClassifier
+from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.costs import EngineCosts, MeasuredRecompute, TurnTiming
+from dynamo_thunderagent.dynamo.reload import PolicyReloader, plan_reload
+from dynamo_thunderagent.dynamo.serve import _operate
+from dynamo_thunderagent.program import Lifecycle
+
+from .conftest import W0, W1, Harness, make
+
+
+def test_reconfigure_keeps_programs_requests_and_counters(h: Harness) -> None:
+    h.workers({W0: 1_000})
+    h.acting_on("a", W0, 500)
+    h.acting_on("b", W0, 400)
+    waiting, _ = h.turn("c", 600)  # no room: paused, its turn waits
+    counters = dict(h.scheduler.counters)
+    h.scheduler.reconfigure(ThunderAgentParameters(pause_threshold=0.5, pause_target=0.4,
+                                                   buffer_per_program=0))
+    assert set(h.scheduler.table.programs) == {"a", "b", "c"}
+    assert waiting in h.scheduler.table.requests
+    assert h.scheduler.counters == counters
+    assert h.scheduler.snapshot(h.now)["parameters"]["pause_threshold"] == 0.5  # type: ignore[index]
+
+
+def test_a_lower_pause_threshold_pauses_at_the_next_tick() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9)
+    h.workers({W0: 1_000})
+    h.acting_on("a", W0, 400)
+    h.acting_on("b", W0, 300)
+    assert not h.tick().paused  # 0.70 is under 0.95
+    h.scheduler.reconfigure(ThunderAgentParameters(
+        pause_threshold=0.6, pause_target=0.5, resume_hysteresis=0.1, buffer_per_program=0,
+        acting_decay_tau_seconds=1e9))
+    paused = h.tick().paused
+    assert paused == ["b"]  # the smallest ACTING program gives way: 0.70 -> 0.40
+    assert h.program("b").lifecycle is Lifecycle.PAUSED
+    assert set(h.scheduler.table.programs) == {"a", "b"}
+
+
+def test_a_new_buffer_reprices_every_rank(h: Harness) -> None:
+    h.workers({W0: 10_000, W1: 10_000})
+    h.acting_on("a", W0, 500)
+    h.scheduler.reconfigure(ThunderAgentParameters(buffer_per_program=250,
+                                                   acting_token_weight=0.5))
+    assert h.scheduler.table.usage(W0) == 0.5 * 500 + 250
+
+
+def test_measured_engine_costs_survive_a_reload() -> None:
+    h = make(pause_min_recompute_ratio=1.0)
+    h.scheduler.observe_costs(EngineCosts(1e-4, 0.5))
+    h.scheduler.reconfigure(ThunderAgentParameters(pause_min_recompute_ratio=2.0))
+    assert isinstance(h.scheduler.costs, MeasuredRecompute)
+    assert h.scheduler.costs.costs == EngineCosts(1e-4, 0.5)
+    assert h.scheduler.costs.ratio == 2.0
+    # From parity (which measures without deciding) to measured: the meter moves over.
+    h = make()
+    for _ in range(3):
+        h.scheduler.observe_turn(TurnTiming(2_000, 0.2, 0.5))
+    h.scheduler.reconfigure(ThunderAgentParameters(pause_min_recompute_ratio=1.0,
+                                                   host_kv_blocks=64))
+    assert h.scheduler.costs.describe()["decode_seconds"] == pytest.approx(0.5)
+
+
+# ---- the reloader (what SIGHUP calls) ------------------------------------------------------
+POLICY = """request_classifier:
+  type: {type}
+  parameters: {{pause_threshold: {threshold}, scheduler_interval_seconds: 0.5}}
+worker_selection:
+  instances: [{{name: ta, type: thunderagent}}]
+  aggregated: ta
+"""
+
+
+def _write(path: Path, threshold: object = 0.9, kind: str = "thunderagent") -> Path:
+    path.write_text(POLICY.format(type=kind, threshold=threshold), encoding="utf-8")
+    return path
+
+
+def _reloader(path: Path) -> tuple[PolicyReloader, ThunderAgentClassifier]:
+    catalog = builtin_catalog()
+    policy = load_policy(path, catalog)
+    assert policy.classifier is not None
+    classifier = catalog.build_classifier(policy.classifier)
+    assert isinstance(classifier, ThunderAgentClassifier)
+    return PolicyReloader(path, catalog, policy, classifier, clock=lambda: 12.0), classifier
+
+
+def test_reload_applies_a_new_pause_threshold(tmp_path: Path) -> None:
+    path = _write(tmp_path / "policy.yaml", 0.9)
+    reloader, classifier = _reloader(path)
+    classifier.scheduler.table.create("kept", 0.0)
+    _write(path, 0.85)
+    plan = reloader.reload()
+    assert plan.result == "ok" and plan.changed == {"pause_threshold": (0.9, 0.85)}
+    assert classifier.scheduler.params.pause_threshold == 0.85
+    assert classifier.scheduler.pause_rule.threshold == 0.85  # type: ignore[union-attr]
+    assert "kept" in classifier.scheduler.table.programs
+    assert reloader.state()["reloads"] == {"ok": 1, "invalid": 0, "needs_restart": 0}
+    assert reloader.state()["last_reload"]["message"] == "applied pause_threshold: 0.9 -> 0.85"
+
+
+def test_an_invalid_file_keeps_the_old_policy_with_validates_message(tmp_path: Path) -> None:
+    path = _write(tmp_path / "policy.yaml", 0.9)
+    reloader, classifier = _reloader(path)
+    _write(path, 1.5)
+    plan = reloader.reload()
+    assert plan.result == "invalid"
+    assert plan.message.startswith(f"{path}: request_classifier.parameters.pause_threshold")
+    assert classifier.scheduler.params.pause_threshold == 0.9
+    path.write_text("request_classifier: {type: thunderagent}\n", encoding="utf-8")
+    assert "worker_selection.aggregated" in reloader.reload().message
+    assert reloader.reloads == {"ok": 0, "invalid": 2, "needs_restart": 0}
+    _write(path, 0.82)  # a good file afterwards applies against the policy still running
+    assert reloader.reload().changed == {"pause_threshold": (0.9, 0.82)}
+
+
+def test_a_new_classifier_type_or_selector_needs_a_restart(tmp_path: Path) -> None:
+    old = load_policy(_write(tmp_path / "old.yaml"), builtin_catalog())
+    catalog = builtin_catalog()
+    catalog.request_classifiers.register("other", ThunderAgentClassifier)
+    new = load_policy(_write(tmp_path / "new.yaml", kind="other"), catalog)
+    plan = plan_reload(old, new)
+    assert plan.result == "needs_restart" and "needs a restart" in plan.message
+    other = tmp_path / "selector.yaml"
+    other.write_text(POLICY.format(type="thunderagent", threshold=0.9).replace(
+        "name: ta", "name: tb").replace("aggregated: ta", "aggregated: tb"), encoding="utf-8")
+    assert plan_reload(old, load_policy(other, builtin_catalog())).result == "needs_restart"
+    assert plan_reload(old, old).message == "no parameter changed"
+
+
+# ---- serve's wiring: SIGHUP and --watch-policy --------------------------------------------
+async def _until(predicate: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("watch", [False, True], ids=["sighup", "watch-policy"])
+async def test_serve_reloads_on_sighup_or_when_the_file_changes(tmp_path: Path,
+                                                                watch: bool) -> None:
+    path = _write(tmp_path / "policy.yaml", 0.9)
+    catalog = builtin_catalog()
+    policy = load_policy(path, catalog)
+    assert policy.classifier is not None
+    classifier = catalog.build_classifier(policy.classifier)
+    assert isinstance(classifier, ThunderAgentClassifier)
+    router = SimpleNamespace(state_extensions={})
+    args = Namespace(router_policy_config=str(path), watch_policy=watch, events_port=0,
+                     state_host="127.0.0.1")
+    loop = asyncio.get_running_loop()
+    operate = _operate(args, policy, catalog, classifier, router, loop)
+    try:
+        _write(path, 0.85)
+        if not watch:
+            os.kill(os.getpid(), signal.SIGHUP)  # this process: the handler is ours
+        await _until(lambda: router.state_extensions["policy"]()["reloads"]["ok"] == 1)
+        assert classifier.scheduler.params.pause_threshold == 0.85
+        assert router.state_extensions["lifecycle"]()["published"]["paused"] == 0
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
+        operate.close()

@@ -1,0 +1,129 @@
+"""`dynamo-thunderagent top`: what the view shows for a router's /state, and the live view
+itself under tmux, against a canned state served by a local HTTP server."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from dynamo_thunderagent.capacity import CapacityCard
+from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.dynamo.notify import LifecycleNotifier, table_worker_of
+from dynamo_thunderagent.dynamo.stats import RouterStats
+from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.scheduler import Scheduler
+from dynamo_thunderagent.top import render, state_url
+
+W0, W1 = WorkerKey(7587, 0), WorkerKey(7588, 0)
+NOW = 1000.0
+
+
+def canned_state(now: float = NOW) -> dict[str, Any]:
+    """A /state as the router builds it at ``now`` (Unix time): a scheduler with resident,
+    paused and waiting programs on two ranks, and the decisions that led there."""
+    scheduler = Scheduler(ThunderAgentParameters(buffer_per_program=0, pause_threshold=0.9,
+                                                 pause_target=0.8))
+    notifier = LifecycleNotifier(table_worker_of(scheduler.table.programs), clock=lambda: now)
+    cards = {W0: CapacityCard(1_000, 1), W1: CapacityCard(1_000, 1)}
+    notifier(scheduler.set_workers(frozenset({W0.worker_id, W1.worker_id}), cards))
+    for index, (session, tokens) in enumerate([("agent-a", 700), ("agent-b", 500),
+                                               ("agent-c", 300)]):
+        rid = f"r{index}"
+        notifier(scheduler.submit(rid, session, tokens, now - 30))
+        scheduler.completed(rid, tokens, now - 20)
+    notifier(scheduler.submit("r9", "agent-d", 800, now - 12.5))  # no room: waits
+    notifier(scheduler.tick(now))
+    return {
+        "scheduler": {**scheduler.snapshot(now), "deferred_requests": 1},
+        "router": RouterStats(requests=5, completed=3).as_dict(now),
+        "in_flight": 0, "live_workers": [W0.worker_id, W1.worker_id],
+        "policy": {"source": "policies/thunderagent.yaml",
+                   "reloads": {"ok": 2, "invalid": 1, "needs_restart": 0}, "last_reload": None},
+        "lifecycle": notifier.state(),
+    }
+
+
+def test_the_view_shows_ranks_against_thresholds_programs_waits_and_decisions() -> None:
+    state = canned_state()
+    console = Console(record=True, width=160, color_system=None)
+    console.print(render(state, url="http://127.0.0.1:8090/state", now=NOW + 2))
+    screen = console.export_text()
+    assert "pause above 90%, resume below 80%" in screen
+    assert "7587/0" in screen and "1,000" in screen and "900" in screen  # capacity, pause at
+    assert "reloads ok 2, invalid 1" in screen
+    assert "agent-d" in screen and "12.5s" in screen  # the waiting turn and its wait
+    assert "waits for room" in screen
+    assert "programs: 3 resident, 1 paused" in screen
+    assert "recent decisions" in screen and "paused" in screen and "no room" in screen
+
+
+def test_an_unreachable_router_is_said_and_the_last_state_kept() -> None:
+    console = Console(record=True, width=160, color_system=None)
+    console.print(render(canned_state(), url="u", now=NOW, error="Connection refused"))
+    screen = console.export_text()
+    assert "cannot read u: Connection refused" in screen and "agent-a" in screen
+
+
+def test_a_bare_host_and_port_is_a_state_url() -> None:
+    assert state_url("127.0.0.1:8090") == "http://127.0.0.1:8090/state"
+    assert state_url("http://h:1/state") == "http://h:1/state"
+
+
+# ---- the live view, in a real terminal (tmux) --------------------------------------------
+@pytest.fixture
+def state_server() -> Iterator[str]:
+    body = json.dumps(canned_state(time.time())).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/state"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_top_draws_the_live_view_in_a_terminal(state_server: str) -> None:
+    session = f"dta-top-{uuid.uuid4().hex[:8]}"
+    # COLUMNS/LINES from the test's environment would override the terminal's size.
+    command = (f"env -u COLUMNS -u LINES {sys.executable} -m dynamo_thunderagent top "
+               f"--state {state_server} --interval 0.5")
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "50",
+                    command], check=True)
+    try:
+        deadline = time.monotonic() + 60
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
+                                    capture_output=True, text=True, check=True).stdout
+            if "recent decisions" in screen:
+                break
+            time.sleep(0.2)
+        assert "workers/ranks (pause above 90%, resume below 80%)" in screen, screen
+        assert "7588/0" in screen and "agent-d" in screen and "waiting for room: 1" in screen
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
