@@ -20,8 +20,8 @@ sample carries ``dynamo_namespace`` (the router's namespace) and ``model``; per-
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -112,6 +112,11 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
      "Prompt tokens served from the prefix cache (prefix hits)."),
     ("recomputed_tokens_total", "counter", (),
      "Prompt tokens prefilled again (prompt tokens less prefix hits)."),
+    ("policy_reloads_total", "counter", ("result",),
+     "Policy reloads (SIGHUP or --watch-policy), by result: ok, invalid, needs_restart."),
+    ("lifecycle_events_total", "counter", ("event",),
+     "Program lifecycle notifications published (serve --events-port): paused, resuming, "
+     "ended, expired."),
 )
 HELP = {name: text for name, _, _, text in METRICS}
 
@@ -196,9 +201,25 @@ class StateCollector(Collector):
             family = self._family(CounterMetricFamily, name)
             family.add_metric(base, value)
             yield family
+        yield from self._operations(router.state_extensions)
         classifier = router.classifier
         if isinstance(classifier, ThunderAgentClassifier):
             yield from self._scheduler(classifier)
+
+    def _operations(self, parts: Mapping[str, Callable[[], Any]]) -> Iterator[Metric]:
+        """Reloads by result and lifecycle notifications by event, from the parts ``serve``
+        adds to /state (absent: not counted, e.g. a router built without ``serve``)."""
+        for key, name, label, field in (("policy", "policy_reloads_total", "result", "reloads"),
+                                        ("lifecycle", "lifecycle_events_total", "event",
+                                         "published")):
+            part = parts.get(key)
+            counts = part().get(field) if part is not None else None
+            if not isinstance(counts, dict):
+                continue
+            family = self._family(CounterMetricFamily, name, (label,))
+            for value_label, value in sorted(counts.items()):
+                family.add_metric([*self.base, str(value_label)], value)
+            yield family
 
     def _scheduler(self, classifier: ThunderAgentClassifier) -> Iterator[Metric]:
         base = self.base

@@ -189,6 +189,14 @@ async def test_a_reload_changes_pause_threshold_mid_run_without_losing_a_program
         assert "pause_threshold" in state["policy"]["last_reload"]["message"]
         assert set(programs(state)) == sessions
         assert router.alive()
+        # The reloads are a metric too, by result, as /state counts them.
+        from test_metrics_e2e import scrape, total
+
+        assert stack.state_url is not None
+        samples = scrape(stack.state_url.replace("/state", "/metrics"))
+        for result in ("ok", "invalid"):
+            assert total(samples, "policy_reloads_total", result=result) == (
+                state["policy"]["reloads"][result])
     finally:
         gate.set()
         await run
