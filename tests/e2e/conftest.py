@@ -194,3 +194,36 @@ def group_gone(pgid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+async def run_agents(stack: Any, prefix: str, agents: int, turns: int,
+                  gate: asyncio.Event | None = None, at_gate: list[str] | None = None) -> None:
+    """``agents`` agents of ``turns`` turns each (a 0.3 s tool between turns, the session-final
+    at the end); with ``gate``, each waits for it halfway and adds its session to ``at_gate``."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=stack.url, api_key="unused", timeout=120,
+                                max_retries=0)
+
+    async def agent(index: int) -> None:
+        session = f"{prefix}-{index}"
+        messages = [{"role": "system", "content": f"you are agent {index}"}]
+        for turn in range(turns):
+            if gate is not None and turn == turns // 2:
+                assert at_gate is not None
+                at_gate.append(session)
+                await gate.wait()
+            messages.append({"role": "user", "content": turn_text(session, turn, words=6)})
+            reply = await client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=32, extra_headers={SESSION: session})
+            messages.append({"role": "assistant",
+                             "content": reply.choices[0].message.content or ""})
+            await asyncio.sleep(0.3)  # the tool runs
+        await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "done"}], max_tokens=1,
+            extra_headers={SESSION: session, SESSION_FINAL: "true"})
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(agent(i) for i in range(agents))), 240)
+    finally:
+        await client.close()

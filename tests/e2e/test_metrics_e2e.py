@@ -16,13 +16,11 @@ from pathlib import Path
 from conftest import (
     E2E_MARKS,
     MODEL,
-    SESSION,
-    SESSION_FINAL,
     async_wait_for_state,
     counters,
     get_state,
     idle,
-    turn_text,
+    run_agents,
     wait_until_ready,
     write_policy,
 )
@@ -79,40 +77,17 @@ async def test_metrics_move_as_the_scheduler_decided_during_a_run_that_pauses_an
         assert stack.state_url is not None
         state_metrics = stack.state_url.replace("/state", "/metrics")
         system_metrics = stack.metrics_urls["router"]
-        import openai
-
-        client = openai.AsyncOpenAI(base_url=stack.url, api_key="unused", timeout=120,
-                                    max_retries=0)
-
-        async def agent(index: int) -> None:
-            session = f"metrics-{index}"
-            messages = [{"role": "system", "content": f"you are agent {index}"}]
-            for turn in range(turns):
-                messages.append({"role": "user", "content": turn_text(session, turn, words=6)})
-                reply = await client.chat.completions.create(
-                    model=MODEL, messages=messages, max_tokens=32,
-                    extra_headers={SESSION: session})
-                messages.append({"role": "assistant",
-                                 "content": reply.choices[0].message.content or ""})
-                await asyncio.sleep(0.3)  # the tool runs
-            await client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "done"}], max_tokens=1,
-                extra_headers={SESSION: session, SESSION_FINAL: "true"})
-
         # Scrape while the agents run: the paused-programs gauge and the pause counter
         # must be seen moving, and counters never go back.
         seen_paused = 0.0
         pauses_seen: list[float] = []
-        run = asyncio.ensure_future(asyncio.gather(*(agent(i) for i in range(agents))))
-        try:
-            while not run.done():
-                during = await asyncio.to_thread(scrape, state_metrics)
-                seen_paused = max(seen_paused, total(during, "programs", lifecycle="paused"))
-                pauses_seen.append(total(during, "program_pauses_total"))
-                await asyncio.wait({run}, timeout=0.2)
-            await asyncio.wait_for(run, 240)
-        finally:
-            await client.close()
+        run = asyncio.ensure_future(run_agents(stack, "metrics", agents, turns))
+        while not run.done():
+            during = await asyncio.to_thread(scrape, state_metrics)
+            seen_paused = max(seen_paused, total(during, "programs", lifecycle="paused"))
+            pauses_seen.append(total(during, "program_pauses_total"))
+            await asyncio.wait({run}, timeout=0.2)
+        await run
         assert pauses_seen == sorted(pauses_seen), f"a counter went back: {pauses_seen}"
         assert seen_paused > 0, "no scrape saw a paused program"
 

@@ -22,16 +22,13 @@ from typing import Any
 import pytest
 from conftest import (
     E2E_MARKS,
-    MODEL,
     REPO_ROOT,
-    SESSION,
-    SESSION_FINAL,
     async_wait_for_state,
     counters,
     get_state,
     idle,
     programs,
-    turn_text,
+    run_agents,
     wait_for_state,
     wait_until_ready,
     write_policy,
@@ -62,38 +59,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield running
 
 
-async def _agents(stack: Any, prefix: str, agents: int, turns: int,
-                  gate: asyncio.Event | None = None, at_gate: list[str] | None = None) -> None:
-    """``agents`` agents of ``turns`` turns each; with ``gate``, each waits for it halfway."""
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=stack.url, api_key="unused", timeout=120,
-                                max_retries=0)
-
-    async def agent(index: int) -> None:
-        session = f"{prefix}-{index}"
-        messages = [{"role": "system", "content": f"you are agent {index}"}]
-        for turn in range(turns):
-            if gate is not None and turn == turns // 2:
-                assert at_gate is not None
-                at_gate.append(session)
-                await gate.wait()
-            messages.append({"role": "user", "content": turn_text(session, turn, words=6)})
-            reply = await client.chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=32, extra_headers={SESSION: session})
-            messages.append({"role": "assistant",
-                             "content": reply.choices[0].message.content or ""})
-            await asyncio.sleep(0.3)  # the tool runs
-        await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "done"}], max_tokens=1,
-            extra_headers={SESSION: session, SESSION_FINAL: "true"})
-
-    try:
-        await asyncio.wait_for(asyncio.gather(*(agent(i) for i in range(agents))), 240)
-    finally:
-        await client.close()
-
-
 def _start_harness(stack: Any, summary: Path) -> subprocess.Popen[str]:
     harness = subprocess.Popen(
         [sys.executable, str(HARNESS), "--events", stack.events_url, "--spares", "2",
@@ -115,7 +80,7 @@ def test_the_sandbox_harness_receives_every_pause_resume_and_end(stack: Any,
     try:
         # A SUB socket joins asynchronously: give it a moment on loopback before the run.
         time.sleep(0.5)
-        asyncio.run(_agents(stack, "pool", agents, turns))
+        asyncio.run(run_agents(stack, "pool", agents, turns))
         state = wait_for_state(stack, idle, "every program to be released")
         # The last events may still be on their way to the harness.
         time.sleep(0.5)
@@ -156,7 +121,7 @@ async def test_a_reload_changes_pause_threshold_mid_run_without_losing_a_program
     assert router is not None and stack.policy_path is not None
     await async_wait_for_state(stack, idle, "the stack to be idle")
     gate, at_gate = asyncio.Event(), []
-    run = asyncio.create_task(_agents(stack, "reload", agents, turns, gate, at_gate))
+    run = asyncio.create_task(run_agents(stack, "reload", agents, turns, gate, at_gate))
     try:
         deadline = time.monotonic() + 120
         while len(at_gate) < agents:
