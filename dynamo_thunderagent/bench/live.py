@@ -94,9 +94,9 @@ Output (``--out DIR``, default ``bench-results/<UTC timestamp>/``)
 goes to stderr. Exit status: 0 when every run finished with zero errors, 1 otherwise, 2 for
 bad options.
 
-(This module is over 400 lines because this docstring, the command's reference, is about
-110 of them; the sweep plan, the figures and the report live in ``live_sweep``,
-``live_report`` and ``live_observer``.)
+(This module is about 600 lines because this docstring, the command's reference, is about
+110 of them, and the sweep's run loop and its command line belong together; the sweep plan,
+the figures and the report live in ``live_sweep``, ``live_report`` and ``live_observer``.)
 """
 
 from __future__ import annotations
@@ -298,8 +298,10 @@ class PreparedRegime:
         policy = arm.policy or arm.arm.default_policy
         if policy is None or not (self.host_blocks and arm.arm.configures_host_tier):
             return arm.policy
-        return policy_with_host_tier(policy, self.host_blocks,
-                                     self.work_dir or Path(".") / "policies")  # fmt: skip
+        if self.work_dir is None:
+            raise ValueError("a regime with a host tier needs a work_dir for the policies it "
+                             "derives (prepare_regime gives one)")
+        return policy_with_host_tier(policy, self.host_blocks, self.work_dir)
 
     def describe(self) -> dict[str, Any]:
         return {

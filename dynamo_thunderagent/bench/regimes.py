@@ -214,17 +214,15 @@ def _cheap_recompute() -> Regime:
 
 
 def _tiered() -> Regime:
-    base = _calibrated()
     tier = HostTier()
     return dataclasses.replace(
-        base,
+        _calibrated(),
         name="tiered",
         summary=(
             f"the calibrated regime with a host KV tier {tier.blocks_per_gpu_block:g}x the "
             f"GPU pool behind each worker: evicted KV is copied to host memory and back at "
             f"{tier.bandwidth_gbps:g} GB/s ({tier.copy_s_per_token * 1e6:.1f} us a token of "
-            f"GLM-4.5 KV against a {base.gpu_timing.prefill_us_per_token:g} us prefill)"
-            if base.gpu_timing is not None else ""
+            f"GLM-4.5 KV against a {DEFAULT_TIMING.prefill_us_per_token:g} us prefill)"
         ),
         host_tier=tier,
     )

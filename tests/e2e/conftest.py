@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from dynamo_thunderagent.dynamo.translate import FINAL_HEADER, SESSION_HEADER
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Every end-to-end module's marks: real processes, skipped where Dynamo or the OpenAI client
 # is not installed.
@@ -53,8 +55,8 @@ NEEDS_ETCD = pytest.mark.skipif(ETCD_MISSING is not None, reason=f"etcd discover
 # The discoveries a stack test runs on: the file store, and etcd + NATS as a deployment runs.
 DISCOVERIES = ["file", pytest.param("etcd", marks=NEEDS_ETCD)]
 MODEL = "tiny"
-SESSION = "X-Dynamo-Session-ID"
-SESSION_FINAL = "X-Dynamo-Session-Final"
+SESSION = SESSION_HEADER
+SESSION_FINAL = FINAL_HEADER
 # Ask the frontend to pass the chunks' engine_data through: our router puts the
 # serving worker/rank there (nvext.worker_id names the router itself).
 ENGINE_DATA = {"nvext": {"extra_fields": ["engine_data"]}}

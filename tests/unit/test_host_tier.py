@@ -159,3 +159,18 @@ def test_a_benchmark_hands_ours_a_policy_told_of_the_tier_and_leaves_others_alon
     assert tiered.policy_for(builtin) == PARITY_POLICY
     calibrated = prepare_regime(config, "calibrated", tmp_path)
     assert calibrated.host_blocks == 0 and calibrated.policy_for(ArmSpec("ours", "ours")) is None
+
+
+def test_a_tiered_regime_without_a_work_dir_refuses_to_derive_a_policy(tmp_path: Path) -> None:
+    import dataclasses
+
+    from dynamo_thunderagent.bench import live
+    from dynamo_thunderagent.bench.live import prepare_regime
+    from dynamo_thunderagent.bench.live_sweep import ArmSpec
+
+    from .test_live import _args
+
+    config = live.config_from_args(_args("--regime", "tiered", "--workload", "toy"))
+    tiered = dataclasses.replace(prepare_regime(config, "tiered", tmp_path), work_dir=None)
+    with pytest.raises(ValueError, match="needs a work_dir"):
+        tiered.policy_for(ArmSpec("ours", "ours"))
