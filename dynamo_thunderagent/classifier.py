@@ -29,7 +29,7 @@ from dynamo_thunderagent.costs import TurnTiming
 from dynamo_thunderagent.decisions import Decisions, Reject, Release
 from dynamo_thunderagent.program import NO_PREFIX, PrefixBlocks, RequestState, WorkerKey
 from dynamo_thunderagent.program_log import SchedulerObserver, log_event
-from dynamo_thunderagent.recording import RecordingScheduler
+from dynamo_thunderagent.scheduler import Scheduler
 
 log = structlog.get_logger("dynamo_thunderagent")
 
@@ -170,7 +170,7 @@ class ThunderAgentClassifier(RequestClassifier):
     def __init__(self, parameters: BaseModel, *, clock: Clock = time.monotonic) -> None:
         super().__init__(parameters, clock=clock)
         assert isinstance(parameters, ThunderAgentParameters)
-        self.scheduler = RecordingScheduler(parameters)
+        self.scheduler = Scheduler(parameters)
         self._waiters: dict[str, asyncio.Future[Release | Reject]] = {}
         # Told of every program-changing step, rejection and tick (the router's metrics).
         self.observers: list[SchedulerObserver] = []
@@ -288,16 +288,15 @@ class ThunderAgentClassifier(RequestClassifier):
             log.debug("program.created", session_id=session_id)
         for session_id in decisions.marked:
             log.info("program.marked_for_pause", session_id=session_id)
-        # One event per program-changing step, with its reason, rank, tokens and wait
-        # (dynamo_thunderagent.program_log); the observers count the same steps.
-        record = self.scheduler.drain()
-        for event in record.events:
+        # One event per program-changing step, with its reason, rank, tokens and wait, as
+        # the scheduler took it (Decisions.steps); the observers count the same steps.
+        for event in decisions.steps:
             log_event(event)
             for observer in self.observers:
                 observer.program_event(event)
-        for reason in record.rejections:
+        for reject in decisions.rejected:
             for observer in self.observers:
-                observer.rejected(reason)
+                observer.rejected(reject.limit)
         if decisions.changed:
             for listener in self.decision_listeners:
                 try:

@@ -1,78 +1,30 @@
-"""Scheduling decisions that change a program, as one kind of record and one kind of log line.
+"""Scheduling decisions that change a program, as one kind of log line, and who is told of them.
 
 The scheduler's :class:`~dynamo_thunderagent.decisions.Decisions` say *what* changed (these
-programs were paused, those resumed); an operator also wants *why*, *where*, *how big* and
-*after how long*. :class:`ProgramEvent` carries exactly that, with the same fields for every
-kind, so that one log query or one metric label set covers them all. The recording scheduler
-(:mod:`dynamo_thunderagent.recording`) produces them; the classifier logs them
-(:func:`log_event`) and hands them to its observers (the router's Prometheus metrics).
+programs were paused, those resumed) and, in ``Decisions.steps``, *why*, *where*, *how big*
+and *after how long*: one :class:`~dynamo_thunderagent.decisions.ProgramEvent` per step, with
+the same fields for every kind, so that one log query or one metric label set covers them all.
+The classifier logs them (:func:`log_event`) and hands them to its observers
+(:class:`SchedulerObserver`; the router's Prometheus metrics are one).
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 
-from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.decisions import EventKind, ProgramEvent
 
 log = structlog.get_logger("dynamo_thunderagent.program_log")
-
-
-class EventKind(enum.Enum):
-    """Every scheduling decision that changes a program."""
-
-    ADMITTED = "admitted"  # a turn was released to a worker/rank (or any, cold start)
-    DEFERRED = "deferred"  # a turn waits: its program is paused
-    PAUSED = "paused"
-    RESUMED = "resumed"
-    MOVED = "moved"  # the program's worker/rank changed
-    FORCED = "forced"  # resumed because its turn waited past resume_timeout_seconds
-    EXPIRED = "expired"  # idle past session_retention_seconds
-    EVICTED = "evicted"  # removed to make room in the table (max_tracked_requests)
-    ENDED = "ended"  # session-final, or rolled back (a new program whose turn never ran)
-
 
 # Per-turn events would flood INFO at 1,000 agents (several a second each); the rare ones
 # (pressure, moves, expiry) are what an operator reads the log for.
 PER_TURN = frozenset({EventKind.ADMITTED, EventKind.DEFERRED, EventKind.ENDED})
-
-
-class PauseReason(enum.Enum):
-    PRESSURE = "pressure"  # its rank was over pause_threshold; it was ACTING
-    TOOL_BOUNDARY = "tool_boundary"  # marked while REASONING; paused when its turn ended
-    NO_ROOM = "no_room"  # its new turn fits no rank, or programs already wait for room
-    IDLE = "idle"  # dormant (past its idle horizon): gives way first
-
-
-@dataclass(frozen=True)
-class ProgramEvent:
-    """One program-changing decision. ``wait``: seconds the program's turn had waited for
-    room when it was admitted, resumed or forced (0 otherwise)."""
-
-    kind: EventKind
-    program: str
-    worker: WorkerKey | None
-    tokens: int
-    reason: str
-    wait: float = 0.0
-
-    def fields(self) -> dict[str, Any]:
-        """The log line's fields: the same keys for every kind."""
-        return {
-            "program": self.program,
-            "worker_id": None if self.worker is None else self.worker.worker_id,
-            "dp_rank": None if self.worker is None else self.worker.dp_rank,
-            "tokens": self.tokens,
-            "reason": self.reason,
-            "wait_s": round(self.wait, 3),
-        }
 
 
 def log_event(event: ProgramEvent) -> None:
@@ -115,7 +67,7 @@ class SchedulerObserver(Protocol):
         """One program-changing step."""
 
     def rejected(self, reason: str) -> None:
-        """A request was rejected; ``reason`` is a bounded label (recording.REJECTION_REASONS)."""
+        """A request was rejected; ``reason`` is a bounded label (``decisions.RejectLimit``)."""
 
     def ticked(self, seconds: float) -> None:
         """One scheduler tick took ``seconds``."""

@@ -10,8 +10,10 @@ parameters: the cost model (:mod:`~dynamo_thunderagent.costs`: does a pause
 pay?), the pause rule (:mod:`~dynamo_thunderagent.pressure`: who gives way) and
 the resume planner (:mod:`~dynamo_thunderagent.resume`: who comes back, and
 where programs run). This module applies their plans and owns every state
-change. It is longer than most (about 600 lines) because admission, the four
-lifecycle events and the tick are one algorithm that reads best top to bottom.
+change, and says why it took each step where it takes it (``Decisions.steps``,
+``Reject.limit``): only there is the reason known. It is longer than most
+(about 670 lines) because admission, the four lifecycle events and the tick are
+one algorithm that reads best top to bottom.
 The seams are rebuilt, and everything else kept, when a policy reload brings new
 parameters (:meth:`Scheduler.reconfigure`).
 
@@ -39,7 +41,15 @@ from dynamo_thunderagent.costs import (
     TurnTiming,
     cost_model,
 )
-from dynamo_thunderagent.decisions import Decisions, Reject, Release
+from dynamo_thunderagent.decisions import (
+    Decisions,
+    EventKind,
+    PauseReason,
+    ProgramEvent,
+    Reject,
+    RejectLimit,
+    Release,
+)
 from dynamo_thunderagent.idle import IdlePrograms
 from dynamo_thunderagent.pressure import pause_rule
 from dynamo_thunderagent.program import (
@@ -144,6 +154,11 @@ class Scheduler:
         self.costs.set_costs(costs)
 
     @property
+    def waiting_for_room(self) -> int:
+        """Paused programs whose turn waits for room."""
+        return len(self._deferred)
+
+    @property
     def batch(self) -> float:
         """Turns running per worker/rank, on average (what a re-prefill holds up)."""
         return self._released / max(1, len(self.capacity.known))
@@ -168,17 +183,21 @@ class Scheduler:
         table = self.table
         limit = self.params.max_tracked_requests
         if request_id in table.requests:
-            return self._reject(d, request_id, f"request id {request_id!r} is already in "
+            return self._reject(d, request_id, "duplicate_request_id",
+                                f"request id {request_id!r} is already in "
                                 "flight; request ids must be unique")
         if input_tokens < 0:
-            return self._reject(d, request_id, f"input_tokens must be >= 0, got {input_tokens}")
+            return self._reject(d, request_id, "invalid_input_tokens",
+                                f"input_tokens must be >= 0, got {input_tokens}")
         if len(table.requests) >= limit:
-            return self._reject(d, request_id, f"the scheduler already tracks {limit} requests "
+            return self._reject(d, request_id, "max_tracked_requests",
+                                f"the scheduler already tracks {limit} requests "
                                 f"(max_tracked_requests={limit}); retry later")
         largest = self.capacity.largest
         if not session_final and largest and input_tokens > largest:
             # It would wait for room that never comes; the engine could not run it either.
-            return self._reject(d, request_id, f"the prompt has {input_tokens} tokens, more "
+            return self._reject(d, request_id, "prompt_exceeds_capacity",
+                                f"the prompt has {input_tokens} tokens, more "
                                 f"than the KV capacity of any worker/rank (largest: "
                                 f"{largest} tokens); shorten it or add larger workers")
         program = table.programs.get(session_id)
@@ -187,7 +206,8 @@ class Scheduler:
                 d.released.append(Release(request_id, None, session_final=True))
                 return d
             if program.final_request is not None:
-                return self._reject(d, request_id, f"session {session_id!r} is already ending")
+                return self._reject(d, request_id, "session_ending",
+                                    f"session {session_id!r} is already ending")
             table.requests[request_id] = TrackedRequest(
                 request_id, session_id, 0, RequestState.QUEUED, created_program=False)
             program.final_request = request_id
@@ -197,20 +217,23 @@ class Scheduler:
         created = False
         if program is None:
             if len(table.programs) >= limit and not self._evict_oldest_idle(d):
-                return self._reject(d, request_id, f"the scheduler already retains {limit} "
+                return self._reject(d, request_id, "max_tracked_programs",
+                                    f"the scheduler already retains {limit} "
                                     f"active programs (max_tracked_requests={limit}); "
                                     "end finished sessions with X-Dynamo-Session-Final")
             program = table.create(session_id, now)
             created = True
             d.created.append(session_id)
         elif program.final_request is not None:
-            return self._reject(d, request_id, f"session {session_id!r} is ending (a "
+            return self._reject(d, request_id, "session_ending",
+                                f"session {session_id!r} is ending (a "
                                 "session-final request is pending); start a new session")
         else:
             turns = len(program.waiting) + (program.current is not None)
             cap = self.params.max_turns_per_session
             if turns >= cap:
-                return self._reject(d, request_id, f"session {session_id!r} already has "
+                return self._reject(d, request_id, "max_turns_per_session",
+                                    f"session {session_id!r} already has "
                                     f"{turns} turns in flight or queued "
                                     f"(max_turns_per_session={cap}); send a session's turns "
                                     "one at a time")
@@ -230,6 +253,13 @@ class Scheduler:
         return d
 
     def _start_turn(self, program: Program, request: TrackedRequest, now: float,
+                    d: Decisions) -> None:
+        """Make ``request`` the program's turn: released now, or deferred while it is paused."""
+        self._place_turn(program, request, now, d)
+        if request.state is RequestState.DEFERRED and program.lifecycle is Lifecycle.PAUSED:
+            _step(d, EventKind.DEFERRED, program, program.worker, "program_paused")
+
+    def _place_turn(self, program: Program, request: TrackedRequest, now: float,
                     d: Decisions) -> None:
         program.current = request.request_id
         program.last_active = now
@@ -272,7 +302,17 @@ class Scheduler:
         self._release(program, request, target, now, d)
 
     def _release(self, program: Program, request: TrackedRequest, worker: WorkerKey | None,
-                 now: float, d: Decisions) -> None:
+                 now: float, d: Decisions, *, resumed: bool = False) -> None:
+        """Admit ``request`` to ``worker`` (None: any); ``resumed``: with its program's resume."""
+        waited = 0.0 if program.deferred_since is None else now - program.deferred_since
+        if worker is None:
+            reason = "no_capacity_known"
+        elif resumed:
+            reason = "resumed"
+        elif program.worker == worker:
+            reason = "sticky"
+        else:
+            reason = "placed"
         request.state = RequestState.RELEASED
         request.released_at = now
         self._released += 1
@@ -280,31 +320,39 @@ class Scheduler:
         if program.active_since is None:
             program.active_since = now
         if worker is not None and worker != program.worker:
-            self._move(program, worker)
+            self._move(program, worker, d, "resume" if resumed else "placed")
         d.released.append(Release(request.request_id, worker))
+        _step(d, EventKind.ADMITTED, program, worker, reason, waited)
 
-    def _move(self, program: Program, worker: WorkerKey | None) -> None:
-        if program.worker is not None and worker is not None and worker != program.worker:
+    def _move(self, program: Program, worker: WorkerKey | None, d: Decisions,
+              reason: str) -> None:
+        """Assign ``program`` to ``worker``; a change of rank is a move, for ``reason``."""
+        moving = program.worker is not None and worker is not None and worker != program.worker
+        if moving:
             program.moves += 1
             self.counters["moves"] += 1
         with self.table.changing(program):
             program.worker = worker
+        if moving:
+            _step(d, EventKind.MOVED, program, worker, reason)
 
     def _evict_oldest_idle(self, d: Decisions) -> bool:
         """Remove the program idle the longest (O(log n) amortized); False if none is idle."""
         oldest = self.idle.oldest()
         if oldest is None:
             return False
-        self._drop(oldest)
+        self._drop(oldest, d, EventKind.EVICTED, "max_tracked_requests")
         self.counters["evicted"] += 1
         d.removed.append(oldest.session_id)
         return True
 
-    def _drop(self, program: Program) -> None:
+    def _drop(self, program: Program, d: Decisions, kind: EventKind, reason: str) -> None:
         """Remove ``program`` from the table and from every index that names it."""
+        worker = program.worker
         self.table.remove(program)
         self._deferred.pop(program.session_id, None)
         self.idle.forget(program.session_id)
+        _step(d, kind, program, worker, reason)
 
     def _reclaim_dormant(self, now: float, d: Decisions, need: float | None = None) -> bool:
         """Pause dormant programs, longest past their horizon first, to make room.
@@ -324,9 +372,10 @@ class Scheduler:
                 break
         return paused
 
-    def _reject(self, d: Decisions, request_id: str, reason: str) -> Decisions:
+    def _reject(self, d: Decisions, request_id: str, limit: RejectLimit,
+                reason: str) -> Decisions:
         self.counters["rejected"] += 1
-        d.rejected.append(Reject(request_id, reason))
+        d.rejected.append(Reject(request_id, reason, limit))
         return d
 
     # ---- lifecycle events ------------------------------------------------------
@@ -338,7 +387,7 @@ class Scheduler:
             return d  # unknown, finished or never admitted: nothing to learn
         program = self.table.programs[request.session_id]
         if program.current == request_id and program.worker != worker:
-            self._move(program, worker)
+            self._move(program, worker, d, "served_elsewhere")
         return d
 
     def responding(self, request_id: str, now: float) -> Decisions:
@@ -388,7 +437,7 @@ class Scheduler:
         program.deferred_since = None
         self._deferred.pop(program.session_id, None)
         if request.created_program and program.is_new and not program.busy:
-            self._drop(program)  # roll back: the program never ran
+            self._drop(program, d, EventKind.ENDED, "rolled_back")  # it never ran
             d.removed.append(program.session_id)
             self._room_appeared(now, d)
             return d
@@ -421,7 +470,7 @@ class Scheduler:
         elif program.final_request is not None:
             final = program.final_request
             del self.table.requests[final]
-            self._drop(program)
+            self._drop(program, d, EventKind.ENDED, "session_final")
             d.removed.append(program.session_id)
             d.released.append(Release(final, None, session_final=True))
         else:
@@ -435,6 +484,14 @@ class Scheduler:
     # ---- pause / resume --------------------------------------------------------
     def _pause(self, program: Program, now: float, d: Decisions, *, idle: bool = False) -> None:
         """Pause ``program``; ``idle``: it is dormant and gives way (counted apart)."""
+        if idle:
+            reason = PauseReason.IDLE
+        elif program.marked_for_pause:
+            reason = PauseReason.TOOL_BOUNDARY
+        elif program.current is not None:
+            reason = PauseReason.NO_ROOM
+        else:
+            reason = PauseReason.PRESSURE
         with self.table.changing(program):
             program.lifecycle = Lifecycle.PAUSED
         program.marked_for_pause = False
@@ -444,11 +501,18 @@ class Scheduler:
         if program.current is not None:
             self._deferred[program.session_id] = program
         d.paused.append(program.session_id)
+        _step(d, EventKind.PAUSED, program, program.worker, reason.value)
 
     def _resume(self, program: Program, worker: WorkerKey | None, now: float,
-                d: Decisions) -> None:
+                d: Decisions, *, forced: bool = False) -> None:
+        """Resume ``program`` on ``worker`` (None: where it was); ``forced``: its turn waited
+        past resume_timeout."""
+        waited = 0.0 if program.deferred_since is None else now - program.deferred_since
+        _step(d, EventKind.FORCED if forced else EventKind.RESUMED, program,
+              worker if worker is not None else program.worker,
+              "resume_timeout" if forced else "room", waited)
         if worker is not None and worker != program.worker:
-            self._move(program, worker)
+            self._move(program, worker, d, "resume")
         with self.table.changing(program):
             program.lifecycle = Lifecycle.ACTIVE
         self._deferred.pop(program.session_id, None)
@@ -459,7 +523,7 @@ class Scheduler:
         if program.current is not None:
             request = self.table.requests[program.current]
             if request.state is RequestState.DEFERRED:
-                self._release(program, request, worker, now, d)
+                self._release(program, request, worker, now, d, resumed=True)
 
     def resume_waiting(self, now: float, d: Decisions | None = None) -> Decisions:
         """Resume paused programs into the room below the resume level (the planner's
@@ -507,7 +571,7 @@ class Scheduler:
         held = 0
         for program in list(self.table.programs.values()):
             if not program.busy and now - program.last_active >= retention:
-                self._drop(program)
+                self._drop(program, d, EventKind.EXPIRED, "session_retention")
                 self.counters["expired"] += 1
                 d.expired.append(program.session_id)
                 continue
@@ -534,7 +598,7 @@ class Scheduler:
             worker = self.planner.most_room(self.table, self.capacity, now)
             self.counters["forced_resumes"] += 1
             d.forced.append(program.session_id)
-            self._resume(program, worker, now, d)
+            self._resume(program, worker, now, d, forced=True)
 
     def _relieve_pressure(self, now: float, d: Decisions) -> None:
         """Dormant programs give way first; then the pause rule pauses ACTING programs of
@@ -568,6 +632,12 @@ class Scheduler:
         ]
         return state
 
+
+
+def _step(d: Decisions, kind: EventKind, program: Program, worker: WorkerKey | None,
+          reason: str, wait: float = 0.0) -> None:
+    """Record why ``program`` changed (``Decisions.steps``), as the step is taken."""
+    d.steps.append(ProgramEvent(kind, program.session_id, worker, program.tokens, reason, wait))
 
 
 def _usage_model(params: ThunderAgentParameters) -> UsageModel:

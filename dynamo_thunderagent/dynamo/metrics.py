@@ -3,7 +3,7 @@
 Two kinds of source, so that every figure is exact and cheap:
 
 - **counters and histograms** move when something happens: the scheduler's recorded steps
-  (:class:`~dynamo_thunderagent.program_log.ProgramEvent`, one per pause, resume, move, expiry,
+  (:class:`~dynamo_thunderagent.decisions.ProgramEvent`, one per pause, resume, move, expiry,
   eviction, end; told through :class:`~dynamo_thunderagent.program_log.SchedulerObserver`), its
   rejections, each tick's duration and each admitted turn's wait. Nothing is recounted from
   state, so a pause counted here is a pause the scheduler decided.
@@ -28,8 +28,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dynamo_thunderagent.classifier import ThunderAgentClassifier
+from dynamo_thunderagent.decisions import EventKind, ProgramEvent
 from dynamo_thunderagent.program import Lifecycle, Phase
-from dynamo_thunderagent.program_log import EventKind, ProgramEvent
 
 if TYPE_CHECKING:
     from dynamo_thunderagent.dynamo.router import ThunderAgentRouter

@@ -1,5 +1,6 @@
 """Program events: one per program-changing step, with the reason it was taken, logged with
-the same fields at a level that keeps INFO readable, and in step with the scheduler's counters."""
+the same fields at a level that keeps INFO readable, and in step with the scheduler's counters;
+every rejection names the limit it hit."""
 
 from __future__ import annotations
 
@@ -18,15 +19,12 @@ from hypothesis import settings
 from hypothesis.stateful import invariant, run_state_machine_as_test
 from structlog.testing import capture_logs
 
+from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.config import ThunderAgentParameters
-from dynamo_thunderagent.program import WorkerKey
-from dynamo_thunderagent.program_log import (
-    EventKind,
-    ProgramEvent,
-    configure_logging,
-    log_event,
-)
-from dynamo_thunderagent.recording import REJECTION_REASONS, RecordingScheduler, rejection_reason
+from dynamo_thunderagent.decisions import REJECT_LIMITS, Decisions, EventKind, ProgramEvent
+from dynamo_thunderagent.program import NO_PREFIX, PrefixBlocks, WorkerKey
+from dynamo_thunderagent.program_log import configure_logging, log_event
+from dynamo_thunderagent.scheduler import Scheduler
 from tests.unit import test_properties
 from tests.unit.conftest import Harness
 
@@ -34,14 +32,54 @@ REPO = Path(__file__).resolve().parents[2]
 W0 = WorkerKey(0, 0)
 
 
+class KeepsSteps(Scheduler):
+    """Keeps the steps and rejection limits of every call's decisions, as the classifier
+    reads them (``Decisions.steps``, ``Reject.limit``)."""
+
+    def __init__(self, params: ThunderAgentParameters) -> None:
+        super().__init__(params)
+        self.steps: list[ProgramEvent] = []
+        self.limits: list[str] = []
+
+    def drain(self) -> list[ProgramEvent]:
+        steps, self.steps = self.steps, []
+        return steps
+
+    def _keep(self, d: Decisions) -> Decisions:
+        self.steps += d.steps
+        self.limits += [reject.limit for reject in d.rejected]
+        return d
+
+    def set_workers(self, live_worker_ids: set[int] | frozenset[int],
+                    cards: dict[WorkerKey, CapacityCard], now: float | None = None) -> Decisions:
+        return self._keep(super().set_workers(live_worker_ids, cards, now))
+
+    def submit(self, request_id: str, session_id: str, input_tokens: int, now: float, *,
+               session_final: bool = False, prefix: PrefixBlocks = NO_PREFIX) -> Decisions:
+        return self._keep(super().submit(request_id, session_id, input_tokens, now,
+                                         session_final=session_final, prefix=prefix))
+
+    def sent(self, request_id: str, worker: WorkerKey, now: float) -> Decisions:
+        return self._keep(super().sent(request_id, worker, now))
+
+    def completed(self, request_id: str, context_tokens: int, now: float) -> Decisions:
+        return self._keep(super().completed(request_id, context_tokens, now))
+
+    def aborted(self, request_id: str, now: float) -> Decisions:
+        return self._keep(super().aborted(request_id, now))
+
+    def tick(self, now: float) -> Decisions:
+        return self._keep(super().tick(now))
+
+
 def recording(**params: Any) -> Harness:
-    return Harness(RecordingScheduler(ThunderAgentParameters(
+    return Harness(KeepsSteps(ThunderAgentParameters(
         buffer_per_program=0, acting_decay_tau_seconds=1e9, **params)))
 
 
 def kinds(h: Harness) -> list[tuple[str, str, str]]:
-    assert isinstance(h.scheduler, RecordingScheduler)
-    return [(e.kind.value, e.program, e.reason) for e in h.scheduler.drain().events]
+    assert isinstance(h.scheduler, KeepsSteps)
+    return [(e.kind.value, e.program, e.reason) for e in h.scheduler.drain()]
 
 
 def test_a_new_program_that_fits_no_rank_is_paused_for_no_room() -> None:
@@ -82,11 +120,11 @@ def test_a_deferral_past_resume_timeout_is_recorded_as_forced_with_its_wait() ->
     h.acting_on("big", W0, 900)
     h.turn("small", 500)
     h.tick()
-    assert isinstance(h.scheduler, RecordingScheduler)
+    assert isinstance(h.scheduler, KeepsSteps)
     h.scheduler.drain()
     h.advance(11)
     h.tick()
-    forced = [e for e in h.scheduler.drain().events if e.kind is EventKind.FORCED]
+    forced = [e for e in h.scheduler.drain() if e.kind is EventKind.FORCED]
     assert [(e.program, e.reason, e.wait) for e in forced] == [("small", "resume_timeout", 11)]
 
 
@@ -109,8 +147,8 @@ class RecordedMachine(test_properties.SchedulerMachine):
         if not hasattr(self, "scheduler"):
             return
         scheduler = self.scheduler
-        assert isinstance(scheduler, RecordingScheduler)
-        events = scheduler.record.events  # never drained here: every step since the start
+        assert isinstance(scheduler, KeepsSteps)
+        events = scheduler.steps  # never drained here: every step since the start
         by_kind = Counter(e.kind for e in events)
         pauses = Counter(e.reason == "idle" for e in events if e.kind is EventKind.PAUSED)
         c = scheduler.counters
@@ -120,27 +158,33 @@ class RecordedMachine(test_properties.SchedulerMachine):
         assert by_kind[EventKind.MOVED] == c["moves"]
         assert by_kind[EventKind.EXPIRED] == c["expired"]
         assert by_kind[EventKind.EVICTED] == c["evicted"]
-        assert len(scheduler.record.rejections) == c["rejected"]
+        assert len(scheduler.limits) == c["rejected"]
 
 
 def test_recorded_steps_agree_with_the_scheduler_counters_over_random_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(test_properties, "Scheduler", RecordingScheduler)
+    monkeypatch.setattr(test_properties, "Scheduler", KeepsSteps)
     run_state_machine_as_test(RecordedMachine, settings=settings(
         max_examples=60, stateful_step_count=40, deadline=None))
 
 
-# ---- rejection reasons -----------------------------------------------------------------------
-def test_every_rejection_message_of_the_scheduler_has_a_reason_label() -> None:
+# ---- rejection limits ------------------------------------------------------------------------
+def test_every_rejection_of_the_scheduler_names_a_known_limit() -> None:
     source = (REPO / "dynamo_thunderagent" / "scheduler.py").read_text()
-    joined = re.sub(r'"\s*\n\s*f?"', "", source)  # implicit string concatenation
-    messages = re.findall(r'_reject\(d, request_id, f?"([^"]*)"', joined)
-    assert len(messages) >= 7
-    for message in messages:
-        assert rejection_reason(message) != "other", message
-    labels = {label for _, label in REJECTION_REASONS}
-    assert rejection_reason("something new") == "other" and "other" not in labels
+    limits = re.findall(r'_reject\(d, request_id, "([a-z_]+)"', source)
+    assert len(limits) >= 8
+    assert set(limits) == set(REJECT_LIMITS)
+
+
+def test_a_rejection_carries_the_limit_it_hit_and_a_message_naming_it() -> None:
+    h = recording(max_tracked_requests=1)
+    h.workers({W0: 1000})
+    h.turn("a", 100)
+    _, d = h.turn("b", 100)
+    (reject,) = d.rejected
+    assert reject.limit == "max_tracked_requests"
+    assert "max_tracked_requests=1" in reject.reason
 
 
 # ---- logging ---------------------------------------------------------------------------------
