@@ -113,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "are timed (default: the shipped extended policy)")
     overhead.add_argument("--json", action="store_true", help="print one JSON object")
     overhead.set_defaults(func=_bench_overhead)
-    from dynamo_thunderagent.bench.sim.run import add_arguments as add_sim_arguments
-    from dynamo_thunderagent.bench.sim.run import run_sim_cli
+    from dynamo_thunderagent.bench.sim.command import add_arguments as add_sim_arguments
+    from dynamo_thunderagent.bench.sim.command import run_sim_cli
 
     sim = bench_sub.add_parser(
         "sim", help="simulate arms x agent counts on a discrete-event model of the workers")

@@ -60,7 +60,7 @@ from dynamo_thunderagent.bench.live_report import make_row
 from dynamo_thunderagent.bench.live_sweep import ArmSpec, RunKey, parse_arms, run_plans
 from dynamo_thunderagent.bench.regimes import REGIMES
 from dynamo_thunderagent.bench.runner import RunSpec, run_stack
-from dynamo_thunderagent.bench.workload import DEFAULT_TRACE
+from dynamo_thunderagent.bench.trace import DEFAULT_TRACE
 from dynamo_thunderagent.stack.arms import ARM_NAMES, HEADLINE_ARMS
 
 DEMO_REGIMES: tuple[str, ...] = ("calibrated", "cheap-recompute")

@@ -96,7 +96,8 @@ bad options.
 
 (This module is about 600 lines because this docstring, the command's reference, is about
 110 of them, and the sweep's run loop and its command line belong together; the sweep plan,
-the figures and the report live in ``live_sweep``, ``live_report`` and ``live_observer``.)
+the figures and the report live in ``live_sweep``, ``live_report``, ``live_markdown`` and
+``live_observer``.)
 """
 
 from __future__ import annotations
@@ -116,12 +117,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dynamo_thunderagent.bench.calibration.mocker import StackGeometry
+from dynamo_thunderagent.bench.live_markdown import render_markdown
 from dynamo_thunderagent.bench.live_observer import Observer
-from dynamo_thunderagent.bench.live_report import (
-    build_report,
-    make_row,
-    render_markdown,
-)
+from dynamo_thunderagent.bench.live_report import build_report, make_row
 from dynamo_thunderagent.bench.live_sweep import (
     DEFAULT_ARMS,
     DEFAULT_FACTORS,

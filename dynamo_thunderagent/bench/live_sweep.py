@@ -19,14 +19,13 @@ from typing import Any
 
 from dynamo_thunderagent.bench.regimes import REGIME_NAMES, regime_named
 from dynamo_thunderagent.bench.shapes import ALL_SYNTHETIC, SyntheticWorkload
-from dynamo_thunderagent.bench.workload import (
+from dynamo_thunderagent.bench.trace import (
     DEFAULT_TRACE,
     TRACE_SYSTEM_TOKENS,
-    AgentPlan,
-    agent_stream,
     load_trace,
     replay_stream,
 )
+from dynamo_thunderagent.bench.workload import AgentPlan, agent_stream
 from dynamo_thunderagent.stack.arms import ARM_NAMES, ARMS, HEADLINE_ARMS, Arm, arm_named
 
 DEFAULT_ARMS: tuple[str, ...] = ARM_NAMES

@@ -34,7 +34,8 @@ from dynamo_thunderagent.bench.sim.timing import (
     calibrated_timing,
     cheap_recompute_timing,
 )
-from dynamo_thunderagent.bench.workload import DEFAULT_TRACE, SYNTHETIC_WORKLOADS, WorkloadSpec
+from dynamo_thunderagent.bench.trace import DEFAULT_TRACE
+from dynamo_thunderagent.bench.workload import SYNTHETIC_WORKLOADS, WorkloadSpec
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,11 @@ everything. What it delegates:
 * :mod:`~dynamo_thunderagent.stack.readiness`: the probes and the wait loop.
 
 Each process runs in its own process group; ``stop()`` signals exactly those groups.
+
+(This module is about 470 lines because :class:`LocalStack` is the one object the demo, the
+benchmarks and the end-to-end tests drive: its public surface, the addresses, ``start``,
+``stop``, the restarts and the views of discovery, is the stack's API, and each of its
+methods is a few lines over the modules above. What could stand alone already does.)
 """
 
 from __future__ import annotations

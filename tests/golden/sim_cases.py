@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dynamo_thunderagent.bench.sim.run import add_arguments, run_sweep, spec_from_args, to_json
-from dynamo_thunderagent.bench.workload import DEFAULT_TRACE
+from dynamo_thunderagent.bench.sim.command import add_arguments, spec_from_args
+from dynamo_thunderagent.bench.sim.run import run_sweep, to_json
+from dynamo_thunderagent.bench.trace import DEFAULT_TRACE
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_DIR = Path(__file__).resolve().parent / "sim"

@@ -25,7 +25,7 @@ from dynamo_thunderagent.bench.calibration.mocker import (
 )
 from dynamo_thunderagent.bench.calibration.timing import DEFAULT_TIMING, GpuTiming
 from dynamo_thunderagent.bench.regimes import REGIMES
-from dynamo_thunderagent.bench.workload import DEFAULT_TRACE
+from dynamo_thunderagent.bench.trace import DEFAULT_TRACE
 
 
 def _strictly_increasing(values: list[float]) -> bool:

@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from dynamo_thunderagent.bench.trace import load_trace, read_trace, replay_stream
 from dynamo_thunderagent.bench.workload import (
     ToolTimeComponent,
     WorkloadSpec,
     agent_stream,
     default_tool_time,
-    load_trace,
     make_agents,
-    read_trace,
-    replay_stream,
     scale_tokens,
 )
 

@@ -13,7 +13,7 @@ from dynamo_thunderagent.bench.calibration.fit import fit_trace
 from dynamo_thunderagent.bench.calibration.mocker import StackGeometry, calibrated_mocker_args
 from dynamo_thunderagent.bench.calibration.verify import cmd_verify
 from dynamo_thunderagent.bench.regimes import REGIMES
-from dynamo_thunderagent.bench.workload import DEFAULT_TRACE
+from dynamo_thunderagent.bench.trace import DEFAULT_TRACE
 
 DESCRIPTION = "Timing regimes for the Dynamo 1.6.1 mocker: GPU-calibrated and cheap-recompute."
 

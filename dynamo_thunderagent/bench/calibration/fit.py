@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamo_thunderagent.bench.calibration.timing import GpuTiming
-from dynamo_thunderagent.bench.workload import DEFAULT_TRACE
+from dynamo_thunderagent.bench.trace import DEFAULT_TRACE
 
 # --------------------------------------------------------------------------------------------
 # Fitting the trace (pure Python: median regression by iteratively reweighted least squares)

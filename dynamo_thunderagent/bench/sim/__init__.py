@@ -8,5 +8,6 @@ eviction and continuous batching, on a fake clock (no sleeping, no threads).
 Modules: :mod:`.kv` (one worker's KV pool), :mod:`.timing` (what a pass costs),
 :mod:`.engine` (batching, workers),
 :mod:`.arms` (the policies compared), :mod:`.simulation` (one closed-loop run and its
-figures), :mod:`.run` (scenarios, sweeps, the ``bench sim`` command).
+figures), :mod:`.run` (scenarios, sweeps and their output), :mod:`.command` (the
+``bench sim`` command line).
 """

@@ -1,4 +1,4 @@
-"""``dynamo-thunderagent bench sim``: sweep arms x agent counts on the simulator, print a table.
+"""The simulator's scenarios and sweeps (arms x agent counts), and their output as a table.
 
 A *scenario* fixes everything but the arm and N: workers, KV pool, batching limits, timing
 regime, workload, window. Two presets, one per timing regime, built from the regime's
@@ -21,44 +21,34 @@ definition in ``bench/regimes.py`` (the same the live harness reads):
 sessions with compaction; parents fanning out to subagents) in either regime, their tokens
 scaled by ``shape_token_factor`` of the regime's worker pool (1 when calibrated).
 
-Every flag overrides one field of the chosen preset. Without ``--agents`` N is swept from
-the capacity: N agents whose mean *peak* context adds up to 0.5x, 1x, 1.5x, 2x and 3x the
-cluster's KV capacity (workload.md's sweep).
+Without an explicit list of agent counts N is swept from the capacity
+(:func:`sweep_agents`): N agents whose mean *peak* context adds up to 0.5x, 1x, 1.5x, 2x and
+3x the cluster's KV capacity (workload.md's sweep). The command line that picks a preset and
+overrides its fields is :mod:`~dynamo_thunderagent.bench.sim.command`.
 
 The same seed gives the same agents to every arm and the same output, byte for byte.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from itertools import islice
-from pathlib import Path
 from typing import Any
 
-from dynamo_thunderagent.bench.regimes import REGIMES, regime_named
-from dynamo_thunderagent.bench.shapes import SHAPES, SyntheticWorkload, shape_token_factor
-from dynamo_thunderagent.bench.sim.arms import ARM_NAMES, DEFAULT_POLICY, build_arm, parse_arms
+from dynamo_thunderagent.bench.regimes import regime_named
+from dynamo_thunderagent.bench.shapes import SyntheticWorkload
+from dynamo_thunderagent.bench.sim.arms import DEFAULT_POLICY, build_arm
 from dynamo_thunderagent.bench.sim.engine import EngineConfig
 from dynamo_thunderagent.bench.sim.simulation import RunConfig, SimFigures, Simulation
 from dynamo_thunderagent.bench.sim.timing import TimingModel
-from dynamo_thunderagent.bench.workload import (
-    DEFAULT_TRACE,
+from dynamo_thunderagent.bench.trace import (
     TRACE_SYSTEM_TOKENS,
-    AgentPlan,
-    WorkloadSpec,
-    agent_stream,
     load_trace,
     replay_stream,
 )
-from dynamo_thunderagent.catalog import PluginError
-from dynamo_thunderagent.config import PolicyError
+from dynamo_thunderagent.bench.workload import AgentPlan, WorkloadSpec, agent_stream
 
 SWEEP_FACTORS = (0.5, 1.0, 1.5, 2.0, 3.0)
 SAMPLE_AGENTS = 64  # plans sampled to size the sweep and the TTL
@@ -273,132 +263,3 @@ def to_json(spec: SweepSpec, results: Sequence[SimFigures]) -> dict[str, Any]:
         "ttl_s": spec.ttl_s,
         "results": [r.to_dict() for r in results],
     }
-
-
-# ---- command line ---------------------------------------------------------------------------
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
-            from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return values
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``bench sim`` flags; every scenario flag defaults to the regime's preset."""
-    parser.add_argument("--regime", choices=sorted(REGIMES), default="calibrated",
-                        help="timing regime and its preset scenario (default calibrated)")
-    parser.add_argument("--arms", default=",".join(ARM_NAMES),
-                        help=f"comma-separated arms (default {','.join(ARM_NAMES)})")
-    parser.add_argument("--agents", type=_ints, default=None,
-                        help="comma-separated N values (default: 0.5x-3x the KV capacity)")
-    parser.add_argument("--workers", type=int, help="workers (preset: 2)")
-    parser.add_argument("--blocks", type=int, help="KV blocks per worker")
-    parser.add_argument("--block-size", type=int, help="tokens per KV block")
-    parser.add_argument("--max-num-seqs", type=int, help="running requests per worker")
-    parser.add_argument("--max-num-batched-tokens", type=int, help="token budget per pass")
-    parser.add_argument("--workload", choices=("trace", "synthetic", *SHAPES),
-                        help="replay a trace or generate agents (preset: calibrated replays "
-                        "the shipped trace, cheap-recompute is synthetic); long: sessions "
-                        "with compaction, fanout: parents with subagents")
-    parser.add_argument("--trace", help="replay this JSONL trace (implies --workload trace)")
-    parser.add_argument("--token-scale", type=float, help="multiply every token count")
-    parser.add_argument("--time-scale", type=float, help="multiply every tool time")
-    parser.add_argument("--no-reuse-output", action="store_true",
-                        help="clients do not send replies back verbatim (like the live driver)")
-    parser.add_argument("--window-s", type=float, help="steady window, simulated seconds")
-    parser.add_argument("--warmup-s", type=float, help="warm-up dropped before the window")
-    parser.add_argument("--policy", help=f"router-policy YAML for arm ours "
-                        f"(default {DEFAULT_POLICY.name})")
-    parser.add_argument("--ttl-s", type=float,
-                        help="ttl-pinning TTL in seconds (default: p90 of the tool time)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--jobs", type=int, default=0,
-                        help="processes to run the sweep on (default 0: one per CPU; "
-                        "results do not depend on it)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of markdown")
-    parser.add_argument("--out", help="also write sim.json and sim.md into this directory")
-
-
-def spec_from_args(args: argparse.Namespace) -> SweepSpec:
-    """Build the sweep from parsed flags; raises ValueError naming a bad flag."""
-    scenario = regime_scenario(args.regime)
-    overrides: dict[str, Any] = {}
-    for flag in ("workers", "blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
-                 "window_s", "warmup_s"):
-        value = getattr(args, flag)
-        if value is not None:
-            if value <= 0 and flag != "warmup_s":
-                raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
-            overrides[flag] = value
-    workload = scenario.workload
-    if args.trace is not None:
-        if args.workload is not None and args.workload != "trace":
-            raise ValueError(f"--trace and --workload {args.workload} contradict each other")
-        if not Path(args.trace).is_file():
-            raise ValueError(f"--trace: no such file {args.trace}")
-        overrides["trace"] = args.trace
-    elif args.workload == "synthetic":
-        overrides["trace"] = None
-    elif args.workload in SHAPES:
-        overrides["trace"] = None
-        # Sized for the regime's preset worker (--blocks then changes the pressure only).
-        pool = scenario.blocks * scenario.block_size
-        workload = replace(SHAPES[args.workload], token_scale=shape_token_factor(pool))
-    elif args.workload == "trace" and scenario.trace is None:
-        if not DEFAULT_TRACE.is_file():
-            raise ValueError(f"--workload trace: the shipped trace {DEFAULT_TRACE} is missing; "
-                             "pass --trace PATH")
-        overrides["trace"] = str(DEFAULT_TRACE)
-    if args.no_reuse_output:
-        overrides["reuse_output"] = False
-    if args.token_scale is not None:
-        workload = replace(workload, token_scale=args.token_scale)
-    if args.time_scale is not None:
-        workload = replace(workload, time_scale=args.time_scale)
-    workload.validate()
-    scenario = replace(scenario, workload=workload, **overrides)
-    agents = args.agents or sweep_agents(scenario, args.seed)
-    ttl = args.ttl_s if args.ttl_s is not None else tool_time_p90(scenario, args.seed)
-    return SweepSpec(scenario=scenario, arms=tuple(parse_arms(args.arms)),
-                     agents=tuple(agents), seed=args.seed, policy=args.policy, ttl_s=ttl,
-                     jobs=args.jobs if args.jobs > 0 else (os.cpu_count() or 1))
-
-
-def run_sim_cli(args: argparse.Namespace) -> int:
-    """Entry point of ``bench sim``: 0 on success, 2 on bad flags or policy."""
-    try:
-        spec = spec_from_args(args)
-        if "ours" in spec.arms:  # fail on a bad policy before simulating anything
-            build_arm("ours", policy=spec.policy, ttl_s=spec.ttl_s, clock=lambda: 0.0)
-    except (ValueError, PolicyError, PluginError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    started = time.perf_counter()
-    results = run_sweep(spec)
-    elapsed = time.perf_counter() - started
-    text = markdown(spec, results)
-    data = to_json(spec, results)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "sim.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        (out / "sim.md").write_text(text, encoding="utf-8")
-    print(json.dumps(data, indent=2) if args.json else text, end="" if not args.json else "\n")
-    # Wall time varies between machines, so it stays out of the (deterministic) output.
-    print(f"simulated {len(results)} runs in {elapsed:.1f} s", file=sys.stderr)
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dynamo-thunderagent bench sim",
-                                     description=__doc__.split("\n")[0] if __doc__ else None)
-    add_arguments(parser)
-    return run_sim_cli(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
