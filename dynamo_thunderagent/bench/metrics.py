@@ -146,6 +146,22 @@ def recomputed_tokens(
     return recomputed, reusable
 
 
+def cache_figures(records: Iterable[RecordLike]) -> tuple[int, int, float | None]:
+    """``(prompt tokens, cached tokens, hit rate)`` over the records that reported usage."""
+    prompt = cached = 0
+    for record in records:
+        if record.prompt_tokens is not None:
+            prompt += record.prompt_tokens
+            cached += record.cached_tokens or 0
+    return prompt, cached, (cached / prompt if prompt else None)
+
+
+def latency_percentiles(records: Iterable[RecordLike]) -> tuple[float | None, float | None]:
+    """Nearest-rank p50 and p99 of the records' turn latency (end - start)."""
+    latencies = [r.end - r.start for r in records]
+    return percentile(latencies, 0.50), percentile(latencies, 0.99)
+
+
 def summarize(
     records: Sequence[RecordLike],
     *,
@@ -160,26 +176,24 @@ def summarize(
         records, warmup_s=warmup_s, window_s=window_s, tail_s=tail_s
     )
     ok = [r for r in records if _is_ok_turn(r)]
-    with_usage = [r for r in ok if r.prompt_tokens is not None]
-    prompt = sum(r.prompt_tokens or 0 for r in with_usage)
-    cached = sum(r.cached_tokens or 0 for r in with_usage)
+    prompt, cached, hit_rate = cache_figures(ok)
     recomputed, reusable = recomputed_tokens(
         records, block_size=block_size, reuse_completion=reuse_completion
     )
-    latencies = [r.end - r.start for r in ok]
+    latency_p50, latency_p99 = latency_percentiles(ok)
     failed = [r for r in records if r.error is not None]
     return ArmMetrics(
         steps_per_min=rate,
         steady_turns=steady,
         steady_window_s=steady_len,
         turns_ok=len(ok),
-        hit_rate=cached / prompt if prompt else None,
+        hit_rate=hit_rate,
         prompt_tokens=prompt,
         cached_tokens=cached,
         recomputed_tokens=recomputed,
         reusable_tokens=reusable,
-        latency_p50_s=percentile(latencies, 0.50),
-        latency_p99_s=percentile(latencies, 0.99),
+        latency_p50_s=latency_p50,
+        latency_p99_s=latency_p99,
         errors=len(failed),
         errors_by_type=dict(Counter(r.error_type or "unknown" for r in failed)),
         cancelled=sum(1 for r in records if r.cancelled),

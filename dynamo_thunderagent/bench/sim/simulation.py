@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dynamo_thunderagent.bench.metrics import cache_figures, latency_percentiles
 from dynamo_thunderagent.bench.records import TurnRecord
 from dynamo_thunderagent.bench.sim.arms import Arm
 from dynamo_thunderagent.bench.sim.engine import (
@@ -313,12 +314,11 @@ class Simulation:
         start, end = self._window_start, self._window_end
         steady = [r for r in self.records if start <= r.end < end]
         # Every simulated record is a finished turn with all of its fields set.
-        prompt = sum(r.prompt_tokens or 0 for r in steady)
-        cached = sum(r.cached_tokens or 0 for r in steady)
+        prompt, cached, hit_rate = cache_figures(steady)
         reusable = sum(r.reusable_tokens or 0 for r in steady)
         recomputed = sum(max(0, (r.reusable_tokens or 0) - (r.cached_tokens or 0))
                          for r in steady)  # fmt: skip
-        latencies = [r.latency for r in steady]
+        latency_p50, latency_p99 = latency_percentiles(steady)
         waits = [_admission_wait(r) for r in steady]
         wait_max = max(waits + self._deferred_at_end, default=None)
         before, after = self._snapshots if len(self._snapshots) == 2 else ({}, {})
@@ -337,13 +337,13 @@ class Simulation:
             agents=self.config.agents,
             steps_per_min=len(steady) / (self.config.window_s / 60.0),
             steady_turns=len(steady),
-            hit_rate=cached / prompt if prompt else None,
+            hit_rate=hit_rate,
             prompt_tokens=prompt,
             cached_tokens=cached,
             recomputed_tokens=recomputed,
             reusable_tokens=reusable,
-            latency_p50_s=percentile(latencies, 0.50),
-            latency_p99_s=percentile(latencies, 0.99),
+            latency_p50_s=latency_p50,
+            latency_p99_s=latency_p99,
             wait_p50_s=percentile(waits, 0.50),
             wait_p99_s=percentile(waits, 0.99),
             wait_max_s=wait_max,
