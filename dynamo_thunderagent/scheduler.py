@@ -261,6 +261,8 @@ class Scheduler:
 
     def _place_turn(self, program: Program, request: TrackedRequest, now: float,
                     d: Decisions) -> None:
+        """Release the turn (sticky, cold start, or on the rank the planner picks), or pause
+        its program and defer it (paused already, no queue jumping, no room)."""
         program.current = request.request_id
         program.last_active = now
         request.state = RequestState.DEFERRED
