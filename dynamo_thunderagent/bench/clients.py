@@ -146,6 +146,9 @@ class ClientRun:
     returncode: int = 0
     failure: str | None = None
     router: dict[str, Any] | None = None  # arm ours: /state after the run
+    # CPU seconds each role of the stack used during the aiperf run (workers summed): what
+    # the router's hop costs beside the frontend's own work, on the same requests.
+    cpu_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -220,6 +223,16 @@ def router_state(stack: LocalStack) -> dict[str, Any] | None:
     }
 
 
+def cpu_by_role(stack: LocalStack) -> dict[str, float]:
+    """CPU seconds used so far by the stack's processes, summed by role (Linux; else {})."""
+    used: dict[str, float] = {}
+    for process in stack.processes:
+        seconds = process.cpu_seconds()
+        if seconds is not None:
+            used[process.role] = used.get(process.role, 0.0) + seconds
+    return used
+
+
 def run_one(arm: str, workload: AiperfWorkload, concurrency: int, repeat: int, out: Path,
             *, aiperf: str, policy: Path | None, timeout_s: float) -> ClientRun:
     """A fresh stack of ``arm``, one aiperf run, the router's state, the stack stopped."""
@@ -229,8 +242,11 @@ def run_one(arm: str, workload: AiperfWorkload, concurrency: int, repeat: int, o
                          policy=policy if arm_named(arm).takes_policy else None)
     try:
         with LocalStack(config) as stack:
+            before = cpu_by_role(stack)
             outcome = run_aiperf(stack, workload, concurrency, out / "aiperf" / name,
                                  aiperf=aiperf, timeout_s=timeout_s)
+            after = cpu_by_role(stack)
+            result.cpu_s = {role: after[role] - before[role] for role in after if role in before}
             result.router = router_state(stack)
     except Exception as error:  # a stack that failed to start is a failed run, not a crash
         result.failure = f"{type(error).__name__}: {error}"
@@ -266,6 +282,10 @@ def summarize(runs: list[ClientRun]) -> list[dict[str, Any]]:
             row[f"ttft_{key}_ms"] = _mean([r.ttft_ms[key] for r in good if key in r.ttft_ms])
         for key in ("p50", "p99"):
             row[f"itl_{key}_ms"] = _mean([r.itl_ms[key] for r in good if key in r.itl_ms])
+        for role in ("frontend", "router", "worker"):
+            row[f"cpu_{role}_ms_per_request"] = _mean(
+                [1e3 * r.cpu_s[role] / r.completed for r in good
+                 if role in r.cpu_s and r.completed])
         rows.append(row)
     by_key = {(r["workload"], r["concurrency"], r["arm"]): r for r in rows}
     for row in rows:
@@ -284,17 +304,20 @@ def _fmt(value: float | None, spec: str = ".1f", suffix: str = "") -> str:
 def markdown(rows: list[dict[str, Any]], runs: list[ClientRun]) -> str:
     lines = [
         "| workload | concurrency | arm | requests/s | vs stock | TTFT p50 / p90 / p99 / max (ms)"
-        " | p99 vs stock | inter-token p50 / p99 (ms) | errors | failed runs |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " | p99 vs stock | inter-token p50 / p99 (ms) | CPU ms/request: frontend / router /"
+        " workers | errors | failed runs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         ttft = " / ".join(_fmt(row[f"ttft_{k}_ms"], ",.0f") for k in ("p50", "p90", "p99", "max"))
+        cpu = " / ".join(_fmt(row.get(f"cpu_{role}_ms_per_request"), ".1f")
+                         for role in ("frontend", "router", "worker"))
         lines.append(
             f"| {row['workload']} | {row['concurrency']} | {row['arm']} | "
             f"{_fmt(row['requests_per_s'])} | {_fmt(row['rps_vs_stock'], '.2f', 'x')} | {ttft} | "
             f"{_fmt(row['ttft_p99_vs_stock'], '.2f', 'x')} | "
             f"{_fmt(row.get('itl_p50_ms'), '.2f')} / {_fmt(row.get('itl_p99_ms'), '.2f')} | "
-            f"{row['errors']} | {row['failed_runs']} |")
+            f"{cpu} | {row['errors']} | {row['failed_runs']} |")
     ours = [r for r in runs if r.router is not None]
     if ours:
         lines += ["", "Our router after each run (programs retained, tracked requests, pauses "

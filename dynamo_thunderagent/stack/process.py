@@ -58,12 +58,32 @@ class StackProcess:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system, every thread) the process has used so far; None where
+        ``/proc`` cannot tell (not Linux, or the process is gone)."""
+        return process_cpu_seconds(self.pid)
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             text = self.log_path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` (all its threads) from ``/proc``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
+    fields = stat.rpartition(")")[2].split()
+    try:
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    except (IndexError, ValueError):
+        return None
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:

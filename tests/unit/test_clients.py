@@ -56,6 +56,34 @@ def test_ratios_are_taken_against_stock_of_the_same_workload_and_concurrency() -
     assert "StackError: boom" in markdown(summarize(runs), runs)
 
 
+def test_cpu_per_request_is_each_role_over_the_requests_it_completed() -> None:
+    runs = [ClientRun("one-turn", 20, "ours", 0, 50.0, {}, completed=200,
+                      cpu_s={"frontend": 0.8, "router": 2.4, "worker": 0.9}),
+            ClientRun("one-turn", 20, "ours", 1, 50.0, {}, completed=100,
+                      cpu_s={"frontend": 0.4, "router": 1.6, "worker": 0.5}),
+            ClientRun("one-turn", 20, "stock", 0, 60.0, {}, completed=200,
+                      cpu_s={"frontend": 1.0, "worker": 0.6})]
+    rows = {r["arm"]: r for r in summarize(runs)}
+    assert rows["ours"]["cpu_router_ms_per_request"] == pytest.approx((12.0 + 16.0) / 2)
+    assert rows["ours"]["cpu_frontend_ms_per_request"] == pytest.approx(4.0)
+    assert rows["stock"]["cpu_router_ms_per_request"] is None  # stock has no router process
+    table = markdown(summarize(runs), runs)
+    assert "| 4.0 / 14.0 / 4.8 |" in table and "| 5.0 / - / 3.0 |" in table
+
+
+def test_process_cpu_seconds_reads_this_process_and_nothing_for_a_gone_one() -> None:
+    import os
+    import sys
+
+    from dynamo_thunderagent.stack.process import process_cpu_seconds
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc")
+    used = process_cpu_seconds(os.getpid())
+    assert used is not None and used > 0
+    assert process_cpu_seconds(2**22 + 1) is None  # above Linux's pid_max
+
+
 def test_aiperf_never_runs_with_hub_offline_mode_and_never_leaves_loopback(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
