@@ -11,6 +11,10 @@ Background tasks: a worker watch (live instance ids + capacity cards, every
 ``refresh_interval`` seconds), the scheduler tick (every
 ``classifier.tick_interval``), and an optional loopback HTTP server with the
 router's state for operators and tests.
+
+(About 440 lines: ``generate`` is one handler because every request must end in exactly
+one terminal state, and its ``try`` blocks are what guarantee that; the chunk-level
+translation and the lifecycle tracking it calls live in ``translate.py``.)
 """
 
 from __future__ import annotations
