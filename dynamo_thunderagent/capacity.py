@@ -94,6 +94,10 @@ class Capacity:
         """Capacity in tokens of every rank in ``known``."""
         return self._total
 
+    def block_size(self, worker: WorkerKey) -> int:
+        """Tokens per KV block of ``worker`` (0: no usable card)."""
+        return self._block_sizes.get(worker, 0)
+
     def tier_tokens(self, blocks_per_rank: int) -> int:
         """Tokens a tier of ``blocks_per_rank`` blocks behind every rank in ``known`` holds
         (each rank's blocks are its card's block size)."""

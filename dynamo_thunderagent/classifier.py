@@ -95,6 +95,7 @@ class Responding:
 class Completed:
     request_id: str
     context_tokens: int  # prompt + generated tokens now in the program's cache
+    cached_tokens: int | None = None  # of the prompt, found cached by the engine (if told)
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,8 @@ class ThunderAgentClassifier(RequestClassifier):
         elif isinstance(event, Responding):
             decisions = self.scheduler.responding(event.request_id, now)
         elif isinstance(event, Completed):
-            decisions = self.scheduler.completed(event.request_id, event.context_tokens, now)
+            decisions = self.scheduler.completed(event.request_id, event.context_tokens, now,
+                                                event.cached_tokens)
         else:
             decisions = self.scheduler.aborted(event.request_id, now)
         self._apply(decisions)

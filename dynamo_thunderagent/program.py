@@ -101,6 +101,9 @@ class Program:
     pauses: int = 0
     resumes: int = 0
     moves: int = 0
+    # The prompt of its last completed turn, expected cached on ``worker`` while it has been
+    # neither paused nor moved since (0: nothing expected); see cache_loss.py.
+    resident_prompt_tokens: int = 0
 
     @property
     def is_new(self) -> bool:
@@ -127,6 +130,9 @@ class TrackedRequest:
     # aborted turn put nothing new in the cache, so it must not leave its prompt size,
     # a move made at release or a reset tool clock behind.
     prior: ProgramSnapshot | None = None
+    # Prefix tokens the engine should still hold for this turn (its program's last prompt,
+    # when it runs where that ran and was not paused since; 0: none); see cache_loss.py.
+    expected_cached: int = 0
 
 
 @dataclass(frozen=True, slots=True)

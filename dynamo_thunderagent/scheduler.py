@@ -30,6 +30,7 @@ Invariants the property tests check after every step:
 
 from __future__ import annotations
 
+from dynamo_thunderagent.cache_loss import CacheLossMeter, expected_cached
 from dynamo_thunderagent.capacity import Capacity, CapacityCard, UsageModel
 from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.costs import (
@@ -91,6 +92,9 @@ class Scheduler:
         self.idle = IdlePrograms(self.table.programs, factor=params.idle_horizon_factor,
                                  minimum=params.idle_horizon_min_seconds,
                                  maximum=params.session_retention_seconds)
+        # What the engines lost of the cache continuing turns expected (observed, not
+        # decided on): does an engine evict at all where our usage says it is full?
+        self.cache_loss = CacheLossMeter()
 
     def _build_seams(self, params: ThunderAgentParameters, costs: CostModel) -> None:
         """The three seams, chosen from the parameters (parity by default): what
@@ -138,6 +142,8 @@ class Scheduler:
         """
         before = dict(self.capacity.known)
         self.capacity.update(live_worker_ids, cards)
+        for worker in before.keys() - self.capacity.known.keys():
+            self.cache_loss.forget(worker)
         d = Decisions()
         if now is not None and any(
             cap > before.get(worker, 0) for worker, cap in self.capacity.known.items()
@@ -317,6 +323,10 @@ class Scheduler:
             reason = "placed"
         request.state = RequestState.RELEASED
         request.released_at = now
+        if worker is not None and worker == program.worker:
+            request.expected_cached = expected_cached(
+                program.resident_prompt_tokens, request.input_tokens,
+                self.capacity.block_size(worker))
         self._released += 1
         program.deferred_since = None
         if program.active_since is None:
@@ -333,6 +343,7 @@ class Scheduler:
         if moving:
             program.moves += 1
             self.counters["moves"] += 1
+            program.resident_prompt_tokens = 0  # its cache stays behind
         with self.table.changing(program):
             program.worker = worker
         if moving:
@@ -390,6 +401,7 @@ class Scheduler:
         program = self.table.programs[request.session_id]
         if program.current == request_id and program.worker != worker:
             self._move(program, worker, d, "served_elsewhere")
+            request.expected_cached = 0  # what it expected is on the other worker/rank
         return d
 
     def responding(self, request_id: str, now: float) -> Decisions:
@@ -398,8 +410,10 @@ class Scheduler:
             self.table.programs[request.session_id].last_active = now
         return Decisions()
 
-    def completed(self, request_id: str, context_tokens: int, now: float) -> Decisions:
-        """The turn finished with ``context_tokens`` (prompt + generated) in the cache."""
+    def completed(self, request_id: str, context_tokens: int, now: float,
+                  cached_tokens: int | None = None) -> Decisions:
+        """The turn finished with ``context_tokens`` (prompt + generated) in the cache;
+        ``cached_tokens``: of its prompt, what the engine found cached (if it said)."""
         d = Decisions()
         request = self.table.requests.get(request_id)
         if request is None or request.state is not RequestState.RELEASED:
@@ -407,6 +421,9 @@ class Scheduler:
         del self.table.requests[request_id]
         self._released -= 1
         program = self.table.programs[request.session_id]
+        if cached_tokens is not None and request.expected_cached and program.worker is not None:
+            self.cache_loss.observe(program.worker, request.expected_cached, cached_tokens)
+        program.resident_prompt_tokens = request.input_tokens
         program.current = None
         program.steps += 1
         program.last_active = now
@@ -496,6 +513,7 @@ class Scheduler:
             reason = PauseReason.PRESSURE
         with self.table.changing(program):
             program.lifecycle = Lifecycle.PAUSED
+        program.resident_prompt_tokens = 0  # the engine may now evict it
         program.marked_for_pause = False
         program.active_since = None
         program.pauses += 1
@@ -623,6 +641,7 @@ class Scheduler:
         state = snapshot(self.table, self.capacity, self.idle, self.counters, self.costs,
                          len(self._deferred), now)
         state["parameters"] = self.params.model_dump()
+        state["cache_loss"] = self.cache_loss.snapshot()
         # The turns waiting for room, longest wait first (what `top` shows as the queue).
         state["deferred"] = [
             {"session_id": p.session_id, "tokens": p.tokens, "phase": p.phase.value,

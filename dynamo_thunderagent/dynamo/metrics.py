@@ -103,6 +103,9 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
      "KV capacity of a live worker/rank from its model card, in tokens."),
     ("worker_programs", "gauge", ("worker_id", "dp_rank"),
      "Programs assigned to a worker/rank."),
+    ("worker_cache_loss_ratio", "gauge", ("worker_id", "dp_rank"),
+     "Recent share of the prefix tokens continuing turns expected cached on a worker/rank "
+     "that the engine no longer had (0: it evicts nothing our usage counts)."),
     ("requests_total", "counter", ("outcome",),
      "Requests the router received, by how they ended: completed, aborted, rejected, "
      "passthrough, session_final, cancelled, orphaned."),
@@ -245,6 +248,8 @@ class StateCollector(Collector):
         capacity = self._family(GaugeMetricFamily, "worker_capacity_tokens",
                                 ("worker_id", "dp_rank"))
         members = self._family(GaugeMetricFamily, "worker_programs", ("worker_id", "dp_rank"))
+        loss = self._family(GaugeMetricFamily, "worker_cache_loss_ratio",
+                            ("worker_id", "dp_rank"))
         known = scheduler.capacity.known
         for worker in sorted(set(known) | set(table.assigned_workers())):
             labels = [*base, str(worker.worker_id), str(worker.dp_rank)]
@@ -253,4 +258,7 @@ class StateCollector(Collector):
             members.add_metric(labels, len(table.members(worker)))
             if worker in known:
                 capacity.add_metric(labels, known[worker])
-        yield from (usage, decayed, capacity, members)
+            ratio = scheduler.cache_loss.loss_ratio(worker)
+            if ratio is not None:
+                loss.add_metric(labels, ratio)
+        yield from (usage, decayed, capacity, members, loss)

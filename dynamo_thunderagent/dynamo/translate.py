@@ -262,7 +262,8 @@ class StreamTracker:
         elif finish is not None:
             prompt = self.usage_prompt_tokens or self.prompt_tokens
             generated = max(self.generated_tokens, self.usage_completion_tokens or 0)
-            self.terminal = Completed(self.request_id, int(prompt) + int(generated))
+            self.terminal = Completed(self.request_id, int(prompt) + int(generated),
+                                      self.cached_tokens)
             events.append(self.terminal)
         return events
 

@@ -204,7 +204,7 @@ async def test_admitted_request_is_forwarded_pinned_to_the_selected_worker() -> 
     assert all("engine_data" not in c for c in chunks[1:])
     assert chunks[-1]["finish_reason"] == "length"
     assert h.events_of("r1") == [Sent("r1", WorkerKey(A)), Responding("r1"),
-                                 Completed("r1", 10 + 3)]
+                                 Completed("r1", 10 + 3, cached_tokens=0)]
     program = h.program("s")
     assert program.worker == WorkerKey(A) and program.phase is Phase.ACTING
     assert program.tokens == 13 and program.steps == 1

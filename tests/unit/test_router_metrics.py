@@ -89,6 +89,26 @@ async def test_a_deferred_turn_counts_one_pause_one_resume_and_its_wait() -> Non
         usage["usage_tokens"])
 
 
+async def test_the_cache_loss_gauge_shows_what_the_engine_lost_of_a_continuing_turn() -> None:
+    h = Harness(blocks=100, buffer_per_program=0)
+    h.client.ids = [A]
+    h.cards.cards = {str(A): model_card(100)}
+    h.kv.loads = {A: 0}
+    h.router.refresh_workers()
+    metrics = RouterMetrics(h.router, namespace=NS, model=MODEL)
+    await collect(h.router, turn("s", tokens=100), "r1")
+    # Absent until a continuing turn was seen on the rank.
+    assert not any(name == f"{PREFIX}_worker_cache_loss_ratio" for name, _ in samples(metrics))
+    assert h.router.state()["scheduler"]["cache_loss"] == {}
+    # The fake engine finds nothing cached: the 96 tokens (6 whole blocks) of the first
+    # prompt that the second expected are all lost.
+    await collect(h.router, turn("s", tokens=150), "r2")
+    loss = h.router.state()["scheduler"]["cache_loss"][f"{A}/0"]
+    assert loss == {"cache_loss_ratio": 1.0, "turns": 1}
+    assert value(samples(metrics), "worker_cache_loss_ratio", worker_id=str(A),
+                 dp_rank="0") == 1.0
+
+
 async def test_rejections_are_counted_by_the_limit_they_hit() -> None:
     h = Harness(max_tracked_requests=1)
     metrics = RouterMetrics(h.router, namespace=NS, model=MODEL)

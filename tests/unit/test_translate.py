@@ -223,8 +223,8 @@ def test_tracker_reports_sent_and_responding_once_then_completed_with_the_contex
     assert tracker.observe(middle_chunk()) == []
     # A later chunk that names a worker again is not a second Sent.
     assert tracker.observe({**middle_chunk(), "routing_data": first_chunk(8)["routing_data"]}) == []
-    assert tracker.observe(final_chunk(prompt=40, completion=3)) == [Completed("r1", 43)]
-    assert tracker.terminal == Completed("r1", 43)
+    assert tracker.observe(final_chunk(prompt=40, completion=3)) == [Completed("r1", 43, 32)]
+    assert tracker.terminal == Completed("r1", 43, 32)
     assert tracker.cached_tokens == 32
 
 
@@ -246,7 +246,7 @@ def test_one_chunk_stream_yields_every_event_in_order() -> None:
     tracker = StreamTracker("r1", prompt_tokens=40)
     chunk = {**first_chunk(), "finish_reason": "length"}
     assert tracker.observe(chunk) == [Sent("r1", WorkerKey(7, 0)), Responding("r1"),
-                                      Completed("r1", 41)]
+                                      Completed("r1", 41, 32)]
 
 
 def test_abort_before_completion_is_the_one_terminal_event() -> None:
@@ -262,7 +262,7 @@ def test_abort_after_completion_yields_nothing() -> None:
     tracker.observe(first_chunk())
     tracker.observe(final_chunk())
     assert tracker.abort("stream ended") == []
-    assert tracker.terminal == Completed("r1", 43)
+    assert tracker.terminal == Completed("r1", 43, 32)
 
 
 # ---- capacity cards ---------------------------------------------------------------------

@@ -238,7 +238,7 @@ class ProgramArm(Arm):
                 request.first_token_at - request.scheduled_at,
                 self.host.now() - request.first_token_at))
         self._apply(self.scheduler.completed(request.request_id, request.context_tokens,
-                                             self.host.now()))
+                                             self.host.now(), request.cached_tokens))
 
     def session_final(self, session_id: str) -> None:
         self._apply(self.scheduler.submit(f"{session_id}/final", session_id, 0,

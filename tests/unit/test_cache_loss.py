@@ -1,0 +1,89 @@
+"""Does the engine evict at all: the cache-loss meter and what the scheduler feeds it."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynamo_thunderagent.cache_loss import CacheLossMeter, expected_cached
+from dynamo_thunderagent.dynamo.translate import StreamTracker
+from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.scheduler import Release
+
+from .conftest import W0, W1, Harness
+
+W = WorkerKey(7, 1)
+
+
+def test_expected_cache_is_the_previous_prompt_in_whole_blocks() -> None:
+    assert expected_cached(1_000, 1_500, 16) == 992  # 62 full blocks
+    assert expected_cached(1_000, 1_000, 16) == 992  # the same prompt again
+    assert expected_cached(1_000, 400, 16) == 0  # compaction: a new, shorter prefix
+    assert expected_cached(0, 400, 16) == 0  # no previous turn here
+    assert expected_cached(1_000, 1_500, 0) == 0  # no card: block size unknown
+
+
+def test_loss_ratio_follows_recent_turns_and_is_unknown_before_any() -> None:
+    meter = CacheLossMeter(alpha=0.5)
+    assert meter.loss_ratio(W) is None
+    meter.observe(W, 1_000, 1_000)
+    assert meter.loss_ratio(W) == 0.0
+    meter.observe(W, 1_000, 0)  # everything evicted
+    # decayed sums: expected 0.5 x 1000 + 1000, lost 0 + 1000
+    assert meter.loss_ratio(W) == pytest.approx(1_000 / 1_500)
+    meter.observe(W, 1_000, 5_000)  # more cached than expected (shared prefix): no loss
+    assert meter.loss_ratio(W) == pytest.approx(500 / 1_750)
+    meter.observe(W, 0, 0)  # nothing expected: not a sample
+    assert meter.snapshot()[str(W)]["turns"] == 3
+    meter.forget(W)
+    assert meter.loss_ratio(W) is None and meter.snapshot() == {}
+
+
+def _continuing_turn(h: Harness, session: str, tokens: int, cached: int | None) -> str:
+    rid, d = h.turn(session, tokens)
+    assert isinstance(d.outcome(rid), Release)
+    h.scheduler.sent(rid, W0, h.now)
+    h.scheduler.completed(rid, tokens + 10, h.now, cached)
+    return rid
+
+
+def test_a_sticky_continuing_turn_reports_what_the_engine_lost(h: Harness) -> None:
+    h.workers({W0: 100_000})
+    h.acting_on("s", W0, 1_000)
+    _continuing_turn(h, "s", 1_500, cached=1_000)  # block size 1 in the harness
+    assert h.scheduler.cache_loss.loss_ratio(W0) == 0.0
+    _continuing_turn(h, "s", 2_000, cached=500)  # 1,000 of the 1,500 expected are gone
+    ratio = h.scheduler.cache_loss.loss_ratio(W0)
+    assert ratio is not None and ratio > 0.0
+    assert h.scheduler.snapshot(h.now)["cache_loss"][str(W0)]["turns"] == 2
+
+
+def test_no_expectation_without_usage_after_a_pause_or_after_a_move(h: Harness) -> None:
+    h.workers({W0: 10_000, W1: 10_000})
+    h.acting_on("s", W0, 1_000)
+    # The engine did not say what it found cached: nothing is learned.
+    _continuing_turn(h, "s", 1_200, cached=None)
+    assert h.scheduler.cache_loss.loss_ratio(W0) is None
+    assert h.program("s").resident_prompt_tokens == 1_200
+    # Paused since its last turn (pressure): the engine is free to evict it.
+    h.acting_on("big", W0, 9_000)
+    assert "s" in h.tick().paused
+    assert h.program("s").resident_prompt_tokens == 0
+    # Moved: the KV router served the turn on another worker/rank, where nothing of the
+    # program was cached; its loss there is not the engine's eviction.
+    h.acting_on("m", W1, 1_000)
+    rid, _ = h.turn("m", 1_200)
+    h.scheduler.sent(rid, W0, h.now)
+    assert h.program("m").resident_prompt_tokens == 0
+    h.scheduler.completed(rid, 1_210, h.now, 0)
+    assert h.scheduler.cache_loss.loss_ratio(W0) is None
+
+
+def test_the_completed_event_carries_what_the_engine_found_cached() -> None:
+    tracker = StreamTracker("r1", 300)
+    events = tracker.observe({
+        "token_ids": [5], "finish_reason": "stop",
+        "completion_usage": {"prompt_tokens": 300, "completion_tokens": 1,
+                             "prompt_tokens_details": {"cached_tokens": 256}},
+    })
+    completed = events[-1]
+    assert getattr(completed, "cached_tokens", None) == 256
