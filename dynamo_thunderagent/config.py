@@ -134,6 +134,11 @@ class ThunderAgentParameters(_Strict):
     whose tool has run longest (least likely to return soon), or the ones expected back
     latest from their own history (their longest gap between turns so far, less the time
     their tool has run; programs with no history count as due now)."""
+    pause_min_cache_loss: float | None = Field(None, ge=0.0, le=1.0)
+    """Pause on a worker/rank over its threshold only while its engine is seen to evict:
+    the share of the prefix tokens continuing turns expected cached there that the engine
+    no longer had (cache_loss.py) is at least this. Until a continuing turn was seen there
+    the rank pauses as without it. None (parity): our usage alone decides."""
     shared_prefix_accounting: bool = False
     """Count KV blocks shared by several programs on a worker/rank (a common system
     prompt) once, from the leading block hashes of each request."""

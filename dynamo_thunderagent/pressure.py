@@ -21,10 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from dynamo_thunderagent.cache_loss import CacheLossMeter
 from dynamo_thunderagent.capacity import Capacity, UsageModel
 from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.costs import CostModel
-from dynamo_thunderagent.program import Phase, Program
+from dynamo_thunderagent.program import Phase, Program, WorkerKey
 from dynamo_thunderagent.program_table import ProgramTable
 
 
@@ -46,8 +47,10 @@ class ParityPauseRule:
     """The paper's rule, with its ingredients chosen once from the parameters."""
 
     def __init__(self, params: ThunderAgentParameters, model: UsageModel,
-                 costs: CostModel) -> None:
+                 costs: CostModel, cache_loss: CacheLossMeter | None = None) -> None:
         self.threshold = params.pause_threshold
+        self.min_loss = params.pause_min_cache_loss
+        self.cache_loss = cache_loss
         self.target = params.pause_target
         self.residency = params.min_residency_seconds
         self.decay = params.pressure_decay
@@ -63,7 +66,7 @@ class ParityPauseRule:
         residency = self.residency
         for worker, cap in capacity.known.items():
             usage = table.decayed_usage(worker, now) if self.decay else table.usage(worker)
-            if usage <= cap * self.threshold:
+            if usage <= cap * self.threshold or not self._engine_evicts(worker):
                 continue
             target = cap * self.target
             members = table.members(worker)
@@ -91,6 +94,14 @@ class ParityPauseRule:
                 usage -= charge(program)
                 plan.mark.append(program)
         return plan
+
+    def _engine_evicts(self, worker: WorkerKey) -> bool:
+        """Whether ``worker``'s engine is seen to lose cache (``pause_min_cache_loss``;
+        True while unmeasured, or without the parameter)."""
+        if self.min_loss is None or self.cache_loss is None:
+            return True
+        ratio = self.cache_loss.loss_ratio(worker)
+        return ratio is None or ratio >= self.min_loss
 
     def _charge(self, now: float) -> Callable[[Program], float]:
         model = self.model
@@ -139,9 +150,9 @@ class UpstreamPauseRule:
         return plan
 
 
-def pause_rule(params: ThunderAgentParameters, model: UsageModel,
-               costs: CostModel) -> PauseRule:
+def pause_rule(params: ThunderAgentParameters, model: UsageModel, costs: CostModel,
+               cache_loss: CacheLossMeter | None = None) -> PauseRule:
     """The pause rule a policy names (``pause_rule``; parity by default)."""
     if params.pause_rule == "upstream":
         return UpstreamPauseRule(params, model)
-    return ParityPauseRule(params, model, costs)
+    return ParityPauseRule(params, model, costs, cache_loss)

@@ -79,6 +79,9 @@ class Scheduler:
         self.usage_model = _usage_model(params)
         self.table = ProgramTable(self.usage_model)
         self.capacity = Capacity()
+        # What the engines lost of the cache continuing turns expected: does an engine
+        # evict at all where our usage says it is full? (Kept across reloads.)
+        self.cache_loss = CacheLossMeter()
         self._build_seams(params, cost_model(params.pause_min_recompute_ratio))
         self._released = 0  # tracked requests released and not yet ended
         self.counters = {"pauses": 0, "idle_pauses": 0, "resumes": 0, "forced_resumes": 0,
@@ -92,9 +95,6 @@ class Scheduler:
         self.idle = IdlePrograms(self.table.programs, factor=params.idle_horizon_factor,
                                  minimum=params.idle_horizon_min_seconds,
                                  maximum=params.session_retention_seconds)
-        # What the engines lost of the cache continuing turns expected (observed, not
-        # decided on): does an engine evict at all where our usage says it is full?
-        self.cache_loss = CacheLossMeter()
 
     def _build_seams(self, params: ThunderAgentParameters, costs: CostModel) -> None:
         """The three seams, chosen from the parameters (parity by default): what
@@ -103,7 +103,7 @@ class Scheduler:
         self.host_tier: HostTierCosts | None = None
         if params.host_kv_blocks:
             self.costs = self.host_tier = HostTierCosts(self.costs)
-        self.pause_rule = pause_rule(params, self.usage_model, self.costs)
+        self.pause_rule = pause_rule(params, self.usage_model, self.costs, self.cache_loss)
         self.planner = ResumePlanner(params, self.costs)
 
     def reconfigure(self, params: ThunderAgentParameters) -> None:

@@ -27,6 +27,7 @@ LEFT_OFF: dict[str, tuple[str, Any]] = {
     "pressure_decay": ("pressure_decay", True),
     "pause_order": ("pause_order", "longest_idle"),
     "expected_return": ("pause_order", "expected_return"),
+    "cache_loss_gate": ("pause_min_cache_loss", 0.05),
 }
 
 

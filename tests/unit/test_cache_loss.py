@@ -9,7 +9,7 @@ from dynamo_thunderagent.dynamo.translate import StreamTracker
 from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.scheduler import Release
 
-from .conftest import W0, W1, Harness
+from .conftest import W0, W1, Harness, make
 
 W = WorkerKey(7, 1)
 
@@ -87,3 +87,35 @@ def test_the_completed_event_carries_what_the_engine_found_cached() -> None:
     })
     completed = events[-1]
     assert getattr(completed, "cached_tokens", None) == 256
+
+
+def _over_threshold(h: Harness) -> None:
+    """Two programs on W0 whose usage is past pause_threshold (0.95 x 10,000)."""
+    h.workers({W0: 10_000})
+    h.acting_on("small", W0, 1_000)
+    h.acting_on("big", W0, 8_000)
+    rid, _ = h.turn("big", 8_800)  # a continuing turn grows it: 9,800 > 9,500
+    h.complete(rid, 8_800)
+
+
+def test_a_rank_whose_engine_keeps_its_cache_pauses_no_one() -> None:
+    h = make(pause_min_cache_loss=0.1, buffer_per_program=0)
+    _over_threshold(h)
+    h.scheduler.cache_loss.observe(W0, 1_000, 1_000)  # continuing turns found it all
+    assert h.tick().paused == []
+
+
+def test_a_rank_whose_engine_evicts_pauses_as_usual() -> None:
+    h = make(pause_min_cache_loss=0.1, buffer_per_program=0)
+    _over_threshold(h)
+    h.scheduler.cache_loss.observe(W0, 1_000, 500)
+    assert h.tick().paused[:1] == ["small"]
+
+
+def test_before_any_continuing_turn_or_without_the_parameter_usage_alone_decides() -> None:
+    for params in ({"pause_min_cache_loss": 0.1}, {}):
+        h = make(buffer_per_program=0, **params)
+        _over_threshold(h)
+        if not params:
+            h.scheduler.cache_loss.observe(W0, 1_000, 1_000)  # measured, but not asked
+        assert h.tick().paused[:1] == ["small"]

@@ -41,13 +41,18 @@ def value(found: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str
     return found.get((f"{PREFIX}_{name}", tuple(sorted(labels.items()))), 0.0)
 
 
-async def test_a_deferred_turn_counts_one_pause_one_resume_and_its_wait() -> None:
-    h = Harness(blocks=10, buffer_per_program=0, acting_decay_tau_seconds=1.0)
+def one_worker(blocks: int, **params: Any) -> tuple[Harness, RouterMetrics]:
+    """A router over worker A with ``blocks`` KV blocks, and its metrics."""
+    h = Harness(blocks=blocks, buffer_per_program=0, **params)
     h.client.ids = [A]
-    h.cards.cards = {str(A): model_card(10)}
+    h.cards.cards = {str(A): model_card(blocks)}
     h.kv.loads = {A: 0}
     h.router.refresh_workers()
-    metrics = RouterMetrics(h.router, namespace=NS, model=MODEL)
+    return h, RouterMetrics(h.router, namespace=NS, model=MODEL)
+
+
+async def test_a_deferred_turn_counts_one_pause_one_resume_and_its_wait() -> None:
+    h, metrics = one_worker(10, acting_decay_tau_seconds=1.0)
     await collect(h.router, turn("big", tokens=120), "r1")
 
     waiting = asyncio.create_task(collect(h.router, turn("small", tokens=100), "r2"))
@@ -90,12 +95,7 @@ async def test_a_deferred_turn_counts_one_pause_one_resume_and_its_wait() -> Non
 
 
 async def test_the_cache_loss_gauge_shows_what_the_engine_lost_of_a_continuing_turn() -> None:
-    h = Harness(blocks=100, buffer_per_program=0)
-    h.client.ids = [A]
-    h.cards.cards = {str(A): model_card(100)}
-    h.kv.loads = {A: 0}
-    h.router.refresh_workers()
-    metrics = RouterMetrics(h.router, namespace=NS, model=MODEL)
+    h, metrics = one_worker(100)
     await collect(h.router, turn("s", tokens=100), "r1")
     # Absent until a continuing turn was seen on the rank.
     assert not any(name == f"{PREFIX}_worker_cache_loss_ratio" for name, _ in samples(metrics))
