@@ -119,3 +119,12 @@ def test_before_any_continuing_turn_or_without_the_parameter_usage_alone_decides
         if not params:
             h.scheduler.cache_loss.observe(W0, 1_000, 1_000)  # measured, but not asked
         assert h.tick().paused[:1] == ["small"]
+
+
+def test_a_reload_keeps_what_was_measured_and_the_new_rule_reads_it() -> None:
+    h = make(buffer_per_program=0)
+    _over_threshold(h)
+    h.scheduler.cache_loss.observe(W0, 1_000, 1_000)
+    h.scheduler.reconfigure(h.scheduler.params.model_copy(update={"pause_min_cache_loss": 0.1}))
+    assert h.scheduler.cache_loss.loss_ratio(W0) == 0.0
+    assert h.tick().paused == []
