@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -265,10 +266,13 @@ def parse_policy(data: Any, source: str) -> PolicyConfig:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe loader that refuses a key given twice in one mapping.
+    """A safe loader that refuses a key given twice in one mapping, and reads numbers the
+    way YAML 1.2 (and Dynamo's own policy loader) does.
 
     Plain YAML keeps the last of two equal keys, so a second ``request_classifier:``
-    block would silently drop the first one's parameters.
+    block would silently drop the first one's parameters. PyYAML follows YAML 1.1, where
+    ``1e12`` or ``5e-3`` (no dot, or no exponent sign) are text, so a strict number field
+    would refuse them.
     """
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -291,6 +295,20 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return mapping
 
 
+# YAML 1.2's core-schema floats that YAML 1.1 reads as text: an exponent without a dot
+# (1e12) or without a sign (1.5e3).
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def load_policy_yaml(text: str) -> Any:
+    """Policy YAML as data: safe, no repeated keys, YAML 1.2 numbers (raises
+    ``yaml.YAMLError`` for text that is not such YAML)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+
+
 def read_policy_file(path: str | Path) -> PolicyConfig:
     source = str(path)
     try:
@@ -306,7 +324,7 @@ def read_policy_file(path: str | Path) -> PolicyConfig:
     except UnicodeDecodeError as error:
         raise PolicyError(f"{source}: not UTF-8 text: {error}") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+        data = load_policy_yaml(text)
     except yaml.YAMLError as error:
         raise PolicyError(f"{source}: not valid YAML: {error}") from None
     return parse_policy(data, source)

@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from dynamo_thunderagent.config import load_policy_yaml
+
 POLICY_DIR = (Path(__file__).resolve().parent / "policies").resolve()
 # Dynamo's parameter set only: the file both Dynamo's builtin plugin and ours read.
 PARITY_POLICY = POLICY_DIR / "thunderagent.yaml"
@@ -24,7 +26,7 @@ def policy_with_host_tier(policy: Path, host_blocks: int, out_dir: Path) -> Path
     The same rule as :func:`dynamo_thunderagent.config.with_host_tier`, for harnesses that
     hand a file to a router process.
     """
-    data: Any = yaml.safe_load(policy.read_text(encoding="utf-8"))
+    data: Any = load_policy_yaml(policy.read_text(encoding="utf-8"))
     classifier = data.get("request_classifier") if isinstance(data, dict) else None
     if host_blocks <= 0 or not isinstance(classifier, dict):
         return policy

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from dynamo_thunderagent.config import load_policy_yaml
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY, PARITY_POLICY, POLICY_DIR
 
 ABLATION_DIR = POLICY_DIR / "ablations"
@@ -32,7 +33,7 @@ LEFT_OFF: dict[str, tuple[str, Any]] = {
 
 
 def _load(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data: dict[str, Any] = load_policy_yaml(path.read_text(encoding="utf-8"))
     return data
 
 

@@ -186,3 +186,22 @@ def test_yaml_merge_keys_still_work_and_odd_keys_get_a_yaml_error(tmp_path: Path
     odd.write_text("? [a, b]\n: 1\n")
     with pytest.raises(PolicyError, match="not valid YAML"):
         load_policy(odd)
+
+
+def test_numbers_in_exponent_form_are_numbers_as_in_yaml_1_2(tmp_path: Path) -> None:
+    # YAML 1.1 (PyYAML's default) reads 1e12 and 2.5e3 as text, which a strict number
+    # field refuses; Dynamo's loader and YAML 1.2 read them as numbers.
+    path = write(tmp_path, "request_classifier:\n  type: thunderagent\n  parameters:\n"
+                           "    acting_decay_tau_seconds: 1e12\n"
+                           "    resume_timeout_seconds: 2.5e3\n"
+                           "    pause_threshold: 9.5E-1\n")
+    params = load_policy(path).classifier.parameters
+    assert isinstance(params, ThunderAgentParameters)
+    assert params.acting_decay_tau_seconds == 1e12
+    assert params.resume_timeout_seconds == 2500.0
+    assert params.pause_threshold == 0.95
+    # Only numbers: a word that merely starts like one stays text.
+    odd = write(tmp_path, "request_classifier: {type: thunderagent, parameters: "
+                          "{pause_threshold: 1e12x}}\n")
+    with pytest.raises(PolicyError, match="pause_threshold: Input should be a valid number"):
+        load_policy(odd)
