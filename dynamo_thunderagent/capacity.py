@@ -104,22 +104,31 @@ class Capacity:
         return blocks_per_rank * sum(self._block_sizes.values())
 
 
-@dataclass(frozen=True)
+@dataclass
 class UsageModel:
-    """How much of a worker/rank's capacity one program occupies."""
+    """How much of a worker/rank's capacity one program occupies.
+
+    ``hold_seconds`` (``acting_hold_factor``) is the only field that changes while the
+    scheduler runs: it follows the measured prefill cost, set once per tick.
+    """
 
     acting_token_weight: float
     acting_decay_tau_seconds: float
     buffer_per_program: int
+    hold_seconds: float = 0.0
 
     def weight(self, program: Program, now: float | None = None) -> float:
         """Weight of the program's tokens: 1 while REASONING, the ACTING weight while a
-        tool runs, decayed by its idle time when ``now`` is given."""
+        tool runs, decayed by its idle time when ``now`` is given. A program expected back
+        within the hold (twice its smoothed gap) decays only once the hold is over."""
         if program.phase is Phase.REASONING:
             return 1.0
         if now is None or program.acting_since is None:
             return self.acting_token_weight
         idle = max(0.0, now - program.acting_since)
+        hold = self.hold_seconds
+        if hold > 0.0 and 0.0 < 2.0 * program.gap_ewma <= hold:
+            idle = max(0.0, idle - hold)
         return self.acting_token_weight * float(2.0 ** (-idle / self.acting_decay_tau_seconds))
 
     def charge(self, program: Program) -> float:

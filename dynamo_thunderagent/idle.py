@@ -41,6 +41,8 @@ GAP_QUANTILE = 0.9
 # expected back. The counts are halved past _EVIDENCE_CAP so they follow the
 # current traffic rather than all of it.
 MIN_EVIDENCE = 8
+# Weight of the newest gap in a program's smoothed gap (Program.gap_ewma).
+GAP_SMOOTHING = 0.3
 MIN_RETURN_RATE = 0.2
 _EVIDENCE_CAP = 256
 
@@ -189,6 +191,8 @@ class IdlePrograms:
         gap = max(0.0, now - program.last_active)
         self.evidence.observe_gap(gap)
         program.max_gap = max(program.max_gap, gap, 1e-9)
+        program.gap_ewma = max(1e-9, gap if program.gap_ewma == 0.0 else
+                               (1 - GAP_SMOOTHING) * program.gap_ewma + GAP_SMOOTHING * gap)
 
     def forget(self, session_id: str) -> None:
         """The program left the table."""

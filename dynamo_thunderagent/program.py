@@ -91,6 +91,8 @@ class Program:
     # The longest time between the end of one of its turns and the arrival of the next
     # (0: it has not come back after a turn yet); see dynamo_thunderagent.idle.
     max_gap: float = 0.0
+    # Those gaps smoothed (0: not back yet): how soon it is expected back from a tool.
+    gap_ewma: float = 0.0
     gone_counted: bool = False  # its first idle was counted as "did not come back"
     # The turn on the GPU or waiting for admission (at most one per session),
     # then the session's later turns in arrival order.

@@ -127,6 +127,7 @@ class Scheduler:
         self.idle.reconfigure(factor=params.idle_horizon_factor,
                               minimum=params.idle_horizon_min_seconds,
                               maximum=params.session_retention_seconds)
+        self._set_hold()
 
     # ---- workers ---------------------------------------------------------------
     def set_workers(
@@ -575,6 +576,7 @@ class Scheduler:
         """One scheduler pass: expire, unassign, resume, force overdue, relieve pressure."""
         d = Decisions()
         self._sweep(now, d)
+        self._set_hold()
         self.idle.find_dormant(now)
         self.resume_waiting(now, d)
         self._force_overdue(now, d)
@@ -604,6 +606,15 @@ class Scheduler:
             capacity = self.capacity
             self.host_tier.set_spare(capacity.tier_tokens(self.params.host_kv_blocks),
                                      capacity.total, held)
+
+    def _set_hold(self) -> None:
+        """The hold of ``acting_hold_factor``: that many times the time the engine takes
+        to re-prefill a mean worker/rank's whole pool (0 until the cost is measured)."""
+        factor = self.params.acting_hold_factor
+        known = self.capacity.known
+        pool = self.capacity.total / len(known) if known else 0.0
+        stall = self.costs.stall_seconds(round(pool), 1.0) if factor and pool else None
+        self.usage_model.hold_seconds = 0.0 if stall is None or factor is None else factor * stall
 
     def _force_overdue(self, now: float, d: Decisions) -> None:
         """A deferral never outlives resume_timeout while a live worker exists."""
@@ -642,6 +653,7 @@ class Scheduler:
                          len(self._deferred), now)
         state["parameters"] = self.params.model_dump()
         state["cache_loss"] = self.cache_loss.snapshot()
+        state["acting_hold_seconds"] = self.usage_model.hold_seconds
         # The turns waiting for room, longest wait first (what `top` shows as the queue).
         state["deferred"] = [
             {"session_id": p.session_id, "tokens": p.tokens, "phase": p.phase.value,

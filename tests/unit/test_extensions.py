@@ -186,8 +186,8 @@ def test_extension_defaults_are_the_parity_behaviour() -> None:
     p = ThunderAgentParameters()
     assert (p.resume_on_events, p.pressure_decay, p.pause_order, p.shared_prefix_accounting,
             p.resume_affinity, p.max_wait_seconds, p.min_residency_seconds, p.placement,
-            p.idle_horizon_factor, p.pause_min_recompute_ratio) == (
-        False, False, "smallest", False, False, None, 0.0, "least_used", None, None)
+            p.idle_horizon_factor, p.pause_min_recompute_ratio, p.acting_hold_factor) == (
+        False, False, "smallest", False, False, None, 0.0, "least_used", None, None, None)
     assert WorkerKey(0) == W0
 
 
@@ -352,3 +352,69 @@ def test_the_price_of_a_move_grows_with_the_turns_its_re_prefill_would_hold_up()
     h.advance(1.0)
     assert h.tick().resumed == [("p", W1)]
     assert h.scheduler.counters["move_price_ms"] == 2_200
+
+
+def _back_from_a_tool(h: Harness, session: str, gap: float, tokens: int) -> None:
+    """``session`` runs a turn on W0, comes back after ``gap`` s, runs a second turn of
+    ``tokens`` and is ACTING again (its smoothed gap is then ``gap``)."""
+    h.acting_on(session, W0, tokens // 2)
+    h.advance(gap)
+    rid, d = h.turn(session, tokens)
+    assert isinstance(d.outcome(rid), Release)
+    h.scheduler.sent(rid, W0, h.now)
+    h.complete(rid, tokens)
+
+
+def test_a_program_back_from_short_tools_keeps_its_room_for_the_hold() -> None:
+    from dynamo_thunderagent.costs import EngineCosts
+
+    for factor in (None, 1.0):
+        h = make(buffer_per_program=0, acting_decay_tau_seconds=1, pause_min_recompute_ratio=0,
+                 acting_hold_factor=factor)
+        h.workers({W0: 1_000})
+        # The whole 1,000-token pool re-prefills in 20 s: the hold is 20 s.
+        h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=0.02,
+                                              decode_seconds=1.0))
+        _back_from_a_tool(h, "agent", gap=2.0, tokens=900)
+        assert h.program("agent").gap_ewma == 2.0
+        rid, d = h.turn("other", 500)
+        assert d.outcome(rid) is None  # no room while the agent's tool runs
+        h.advance(10)  # decayed by 2^-10 without the hold
+        released = h.tick().outcome(rid)
+        assert h.scheduler.snapshot(h.now)["acting_hold_seconds"] == (
+            0.0 if factor is None else 20.0)
+        if factor is None:
+            assert isinstance(released, Release)
+        else:
+            assert released is None  # expected back within the hold: its room is kept
+            h.advance(15)  # 25 s into its tool, 5 s past the hold
+            assert isinstance(h.tick().outcome(rid), Release)
+
+
+def test_a_program_whose_tools_run_long_gives_its_room_back_at_once() -> None:
+    from dynamo_thunderagent.costs import EngineCosts
+
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1, pause_min_recompute_ratio=0,
+             acting_hold_factor=1.0)
+    h.workers({W0: 1_000})
+    h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=0.02, decode_seconds=1.0))
+    _back_from_a_tool(h, "slow", gap=15.0, tokens=900)  # twice 15 s is past the 20 s hold
+    rid, d = h.turn("other", 500)
+    assert d.outcome(rid) is None
+    h.advance(10)
+    assert isinstance(h.tick().outcome(rid), Release)
+
+
+def test_the_hold_follows_the_measured_prefill_cost_and_is_zero_until_measured() -> None:
+    from dynamo_thunderagent.costs import EngineCosts
+
+    h = make(acting_hold_factor=0.5, pause_min_recompute_ratio=1)
+    h.workers({W0: 1_000, W1: 3_000})  # a mean rank holds 2,000 tokens
+    h.tick()
+    assert h.scheduler.snapshot(h.now)["acting_hold_seconds"] == 0.0  # nothing measured
+    h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=0.01, decode_seconds=1.0))
+    h.tick()
+    assert h.scheduler.snapshot(h.now)["acting_hold_seconds"] == 0.5 * 2_000 * 0.01
+    h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=1e-6, decode_seconds=1.0))
+    h.tick()  # recompute is cheap: the hold all but vanishes
+    assert h.scheduler.snapshot(h.now)["acting_hold_seconds"] < 1e-2

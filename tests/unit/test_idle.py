@@ -177,3 +177,17 @@ def test_oldest_idle_program_is_evicted_even_after_it_was_busy_again() -> None:
     h.turn("d", 10)
     assert set(h.scheduler.table.programs) == {"a", "c", "d"}
     assert h.scheduler.counters["evicted"] == 1
+
+
+def test_a_programs_gaps_are_smoothed_newest_weighted_by_gap_smoothing() -> None:
+    from dynamo_thunderagent.idle import GAP_SMOOTHING
+
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9)
+    h.workers({W0: 10_000})
+    h.acting_on("a", W0, 100)
+    assert h.program("a").gap_ewma == 0.0  # not back yet
+    for gap in (2.0, 4.0):
+        h.advance(gap)
+        h.acting_on("a", W0, 100)
+    assert h.program("a").gap_ewma == (1 - GAP_SMOOTHING) * 2.0 + GAP_SMOOTHING * 4.0
+    assert h.program("a").max_gap == 4.0

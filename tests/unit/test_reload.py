@@ -76,6 +76,19 @@ def test_measured_engine_costs_survive_a_reload() -> None:
     assert h.scheduler.costs.describe()["decode_seconds"] == pytest.approx(0.5)
 
 
+def test_a_reload_that_turns_on_acting_hold_factor_sets_the_hold_at_once() -> None:
+    h = make(pause_min_recompute_ratio=1.0)
+    h.workers({W0: 1_000})
+    h.scheduler.observe_costs(EngineCosts(0.01, 0.5))
+    h.tick()
+    assert h.scheduler.snapshot(h.now)["acting_hold_seconds"] == 0.0
+    h.scheduler.reconfigure(ThunderAgentParameters(pause_min_recompute_ratio=1.0,
+                                                   acting_hold_factor=2.0))
+    assert h.scheduler.snapshot(h.now)["acting_hold_seconds"] == 2.0 * 1_000 * 0.01
+    h.scheduler.reconfigure(ThunderAgentParameters(pause_min_recompute_ratio=1.0))
+    assert h.scheduler.snapshot(h.now)["acting_hold_seconds"] == 0.0
+
+
 # ---- the reloader (what SIGHUP calls) ------------------------------------------------------
 POLICY = """request_classifier:
   type: {type}
