@@ -29,6 +29,7 @@ LEFT_OFF: dict[str, tuple[str, Any]] = {
     "pause_order": ("pause_order", "longest_idle"),
     "expected_return": ("pause_order", "expected_return"),
     "cache_loss_gate": ("pause_min_cache_loss", 0.05),
+    "acting_hold": ("acting_hold_factor", 1.0),
 }
 
 
