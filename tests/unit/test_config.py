@@ -200,6 +200,19 @@ def test_numbers_in_exponent_form_are_numbers_as_in_yaml_1_2(tmp_path: Path) -> 
     assert params.acting_decay_tau_seconds == 1e12
     assert params.resume_timeout_seconds == 2500.0
     assert params.pause_threshold == 0.95
+    more = write(tmp_path, "request_classifier:\n  type: thunderagent\n  parameters:\n"
+                           "    acting_decay_tau_seconds: .5e3\n"
+                           "    resume_timeout_seconds: +1e3\n"
+                           "    session_retention_seconds: 1.e3\n")
+    params = load_policy(more).classifier.parameters
+    assert isinstance(params, ThunderAgentParameters)
+    assert (params.acting_decay_tau_seconds, params.resume_timeout_seconds,
+            params.session_retention_seconds) == (500.0, 1000.0, 1000.0)
+    # An integer field still wants an integer.
+    whole = write(tmp_path, "request_classifier: {type: thunderagent, parameters: "
+                            "{max_tracked_requests: 1e4}}\n")
+    with pytest.raises(PolicyError, match="max_tracked_requests: Input should be a valid integer"):
+        load_policy(whole)
     # Only numbers: a word that merely starts like one stays text.
     odd = write(tmp_path, "request_classifier: {type: thunderagent, parameters: "
                           "{pause_threshold: 1e12x}}\n")

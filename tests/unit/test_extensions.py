@@ -403,6 +403,23 @@ def test_a_program_whose_tools_run_long_gives_its_room_back_at_once() -> None:
     assert d.outcome(rid) is None
     h.advance(10)
     assert isinstance(h.tick().outcome(rid), Release)
+    assert h.scheduler.snapshot(h.now)["acting_hold_seconds"] == 20.0  # the hold was on
+
+
+def test_the_hold_covers_a_program_whose_doubled_gap_just_fits_and_leaves_plain_usage() -> None:
+    from dynamo_thunderagent.costs import EngineCosts
+
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1, pause_min_recompute_ratio=0,
+             acting_hold_factor=1.0)
+    h.workers({W0: 1_000})
+    h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=0.02, decode_seconds=1.0))
+    _back_from_a_tool(h, "edge", gap=10.0, tokens=900)  # twice 10 s is exactly the hold
+    h.advance(5)
+    h.tick()
+    assert h.scheduler.table.decayed_usage(W0, h.now) == 900  # held: not decayed
+    assert h.scheduler.table.usage(W0) == 900  # the plain (pause-side) usage is unchanged
+    h.advance(20)  # 25 s into its tool: 5 s past the hold, decayed by 2^-5
+    assert h.scheduler.table.decayed_usage(W0, h.now) == 900 * 2.0 ** -5
 
 
 def test_the_hold_follows_the_measured_prefill_cost_and_is_zero_until_measured() -> None:
