@@ -539,3 +539,28 @@ async def test_a_request_reusing_an_id_does_not_drop_the_other_ones_in_flight_en
     await asyncio.wait_for(tracked, 5)
     assert h.router.in_flight == {} and entry.terminal is not None
     assert h.router.reap_orphans() == []
+
+
+async def test_a_turns_decode_time_is_timed_by_the_router_not_taken_from_the_engine() -> None:
+    # The 1.6.1 mocker's timing fields put first token and finish about 0.1 ms apart
+    # for a whole turn; a cost model fed that would price every pause as paying.
+    from dynamo_thunderagent.costs import TurnTiming
+
+    h = Harness()
+    h.kv.tokens = 5
+    seen: list[TurnTiming] = []
+    h.classifier.observe_turn = seen.append  # type: ignore[method-assign]
+    stream = h.kv._stream
+
+    async def timed(request: dict[str, Any]) -> AsyncIterator[Any]:
+        async for chunk in stream(request):
+            chunk["routing_data"] = {**(chunk.get("routing_data") or {}),
+                                     "timing": {"ttft_ms": 5.0, "total_time_ms": 5.1}}
+            yield chunk
+            h.clock.now += 0.25  # the engine's next pass
+
+    h.kv._stream = timed  # type: ignore[method-assign]
+    await collect(h.router, turn("s"), "r1")
+    assert len(seen) == 1
+    # First token (the first chunk) to the finish (the sixth): five passes of 0.25 s.
+    assert seen[0].decode_seconds == pytest.approx(1.25)
