@@ -278,7 +278,13 @@ class ThunderAgentRouter:
             if tracker.terminal is not None and tracker.cached_tokens is not None:
                 self.stats.prompt_tokens += tracker.usage_prompt_tokens or tracker.prompt_tokens
                 self.stats.cached_tokens += tracker.cached_tokens
-            if isinstance(tracker.terminal, Completed):
+            # Engine costs are learned from agent turns only: a sessionless request (a
+            # health check, a client's one-token calibration) or a doctor probe says
+            # nothing about them, and one such near-zero decode would become the
+            # yardstick (CostMeter keeps the least smoothed decode time it has seen).
+            learn = admission.tracked and not (
+                classify_input.session_id or "").startswith(PROBE_SESSION_PREFIX)
+            if learn and isinstance(tracker.terminal, Completed):
                 decode = (None if first_token_at is None or finished_at is None
                           else max(0.0, finished_at - first_token_at))
                 self.classifier.observe_turn(TurnTiming(

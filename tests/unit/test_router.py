@@ -564,3 +564,19 @@ async def test_a_turns_decode_time_is_timed_by_the_router_not_taken_from_the_eng
     assert len(seen) == 1
     # First token (the first chunk) to the finish (the sixth): five passes of 0.25 s.
     assert seen[0].decode_seconds == pytest.approx(1.25)
+
+
+async def test_engine_costs_are_learned_from_agent_turns_only() -> None:
+    # A client's sessionless one-token requests (health checks, calibration) come first;
+    # had their near-zero decode been learned, it would have stayed the yardstick.
+    from dynamo_thunderagent.costs import TurnTiming
+    from dynamo_thunderagent.dynamo.stats import PROBE_SESSION_PREFIX
+
+    h = Harness()
+    seen: list[TurnTiming] = []
+    h.classifier.observe_turn = seen.append  # type: ignore[method-assign]
+    await collect(h.router, turn(None), "health")
+    await collect(h.router, turn(f"{PROBE_SESSION_PREFIX}x"), "probe")
+    assert seen == []
+    await collect(h.router, turn("agent"), "r1")
+    assert len(seen) == 1
