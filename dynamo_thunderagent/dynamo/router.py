@@ -222,8 +222,7 @@ class ThunderAgentRouter:
             self.passthrough_in_flight += 1
         target: WorkerKey | None = None
         # First token and finish as this router saw them: a turn's decode time for the cost
-        # model (the engine's own timing fields are not that in every engine; the 1.6.1
-        # mocker reports about 0.1 ms for a 50-token turn).
+        # model, whichever timing fields the engine reports.
         first_token_at: float | None = None
         finished_at: float | None = None
         try:
