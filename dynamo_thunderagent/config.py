@@ -193,7 +193,8 @@ class ThunderAgentParameters(_Strict):
     """Pause only when pausing pays: a program is paused (or held back for lack of room)
     only if the re-prefill it avoids, times the turns running on a worker/rank (a
     re-prefill holds them all up), costs at least this fraction of a turn's decode time,
-    both measured from the engine's own timings. Where recompute is cheap, admission then
+    both measured on agent turns (the prefill from the engine's timing, the decode by the
+    router's clock). Where recompute is cheap, admission then
     behaves like plain KV routing. None: always (parity)."""
 
     host_kv_blocks: int = Field(0, ge=0, le=1 << 32)
