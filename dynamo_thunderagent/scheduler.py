@@ -612,9 +612,9 @@ class Scheduler:
         to re-prefill a mean worker/rank's whole pool (0 until the cost is measured)."""
         factor = self.params.acting_hold_factor
         known = self.capacity.known
-        pool = self.capacity.total / len(known) if known else 0.0
-        stall = self.costs.stall_seconds(round(pool), 1.0) if factor and pool else None
-        self.usage_model.hold_seconds = 0.0 if stall is None or factor is None else factor * stall
+        stall = (self.costs.stall_seconds(round(self.capacity.total / len(known)), 1.0)
+                 if factor and known else None)
+        self.usage_model.hold_seconds = 0.0 if factor is None or stall is None else factor * stall
 
     def _force_overdue(self, now: float, d: Decisions) -> None:
         """A deferral never outlives resume_timeout while a live worker exists."""

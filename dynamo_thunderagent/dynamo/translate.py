@@ -215,10 +215,8 @@ class StreamTracker:
     cached_tokens: int | None = None
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
-    # The engine's timings of this request (routing_data.timing), when reported.
+    # The engine's prefill time of this request (routing_data.timing), when reported.
     prefill_ms: float | None = None
-    ttft_ms: float | None = None
-    total_ms: float | None = None
     terminal: RequestEvent | None = None
     engine_error: str | None = None  # the engine's message, if it ended the stream with one
     _pending: list[RequestEvent] = field(default_factory=list)
@@ -248,10 +246,6 @@ class StreamTracker:
         timing = (chunk.get("routing_data") or {}).get("timing") or {}
         if timing.get("prefill_time_ms") is not None:
             self.prefill_ms = float(timing["prefill_time_ms"])
-        if timing.get("ttft_ms") is not None:
-            self.ttft_ms = float(timing["ttft_ms"])
-        if timing.get("total_time_ms") is not None:
-            self.total_ms = float(timing["total_time_ms"])
         finish = chunk.get("finish_reason")
         error = engine_error(finish)
         if error is not None:

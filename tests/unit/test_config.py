@@ -188,26 +188,30 @@ def test_yaml_merge_keys_still_work_and_odd_keys_get_a_yaml_error(tmp_path: Path
         load_policy(odd)
 
 
-def test_numbers_in_exponent_form_are_numbers_as_in_yaml_1_2(tmp_path: Path) -> None:
-    # YAML 1.1 (PyYAML's default) reads 1e12 and 2.5e3 as text, which a strict number
-    # field refuses; Dynamo's loader and YAML 1.2 read them as numbers.
+# YAML 1.1 (PyYAML's default) reads these as text, which a strict number field refuses;
+# Dynamo's loader and YAML 1.2 read them as numbers.
+EXPONENT_NUMBERS = [
+    ("acting_decay_tau_seconds", "1e12", 1e12),
+    ("resume_timeout_seconds", "2.5e3", 2500.0),
+    ("pause_threshold", "9.5E-1", 0.95),
+    ("acting_decay_tau_seconds", ".5e3", 500.0),
+    ("resume_timeout_seconds", "+1e3", 1000.0),
+    ("session_retention_seconds", "1.e3", 1000.0),
+]
+
+
+@pytest.mark.parametrize(("key", "text", "value"), EXPONENT_NUMBERS)
+def test_numbers_in_exponent_form_are_numbers_as_in_yaml_1_2(
+    tmp_path: Path, key: str, text: str, value: float
+) -> None:
     path = write(tmp_path, "request_classifier:\n  type: thunderagent\n  parameters:\n"
-                           "    acting_decay_tau_seconds: 1e12\n"
-                           "    resume_timeout_seconds: 2.5e3\n"
-                           "    pause_threshold: 9.5E-1\n")
+                           f"    {key}: {text}\n")
     params = load_policy(path).classifier.parameters
     assert isinstance(params, ThunderAgentParameters)
-    assert params.acting_decay_tau_seconds == 1e12
-    assert params.resume_timeout_seconds == 2500.0
-    assert params.pause_threshold == 0.95
-    more = write(tmp_path, "request_classifier:\n  type: thunderagent\n  parameters:\n"
-                           "    acting_decay_tau_seconds: .5e3\n"
-                           "    resume_timeout_seconds: +1e3\n"
-                           "    session_retention_seconds: 1.e3\n")
-    params = load_policy(more).classifier.parameters
-    assert isinstance(params, ThunderAgentParameters)
-    assert (params.acting_decay_tau_seconds, params.resume_timeout_seconds,
-            params.session_retention_seconds) == (500.0, 1000.0, 1000.0)
+    assert getattr(params, key) == value
+
+
+def test_an_exponent_number_is_no_integer_and_a_near_miss_stays_text(tmp_path: Path) -> None:
     # An integer field still wants an integer.
     whole = write(tmp_path, "request_classifier: {type: thunderagent, parameters: "
                             "{max_tracked_requests: 1e4}}\n")
