@@ -1,8 +1,9 @@
 """What recompute costs on the engine, and whether a pause pays for it (the cost seam).
 
 "Pause only when pausing pays" needs two figures: how long the engine takes to
-prefill one uncached token, and how long a turn's decode takes (first token to
-last: the work a turn is for). Both are smoothed over completed requests, so one
+prefill one uncached token (its own cost: the least-delayed turns, since what a
+loaded engine adds to a turn only ever adds), and how long a turn's decode takes (first token to
+last: the work a turn is for). Both come from many completed requests, so one
 slow request does not flip decisions. Decode time, not the whole turn, is the
 yardstick: thrash lengthens whole turns, which would make recompute look cheaper
 exactly when it is hurting most.
@@ -14,6 +15,7 @@ one :class:`TurnTiming`; the scheduler's :class:`CostModel` measures and decides
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,30 +37,42 @@ class TurnTiming:
 
 @dataclass
 class CostMeter:
-    """Exponentially weighted engine costs from completed requests.
+    """Engine costs from completed agent turns.
 
-    Prefill cost per token is taken only from requests that prefilled at least
-    ``min_uncached_tokens``, so that the per-pass overhead does not dominate.
+    **Prefill, per token: what the engine itself takes.** An engine's reported prefill time
+    also holds what a loaded engine adds to a turn (waiting for a pass or for free blocks,
+    a busy CPU), and under load that dwarfs the compute: the mocker's 20 us a token read as
+    120 us on average. Waiting only ever adds, so the least-delayed turns show the engine's
+    own cost: the meter keeps the time per token of the last ``window`` turns that
+    prefilled at least ``min_uncached_tokens`` (so that a pass's fixed cost does not
+    dominate) and takes their ``quantile`` (the 10th percentile, nearest rank below: the
+    least of them until eleven are in).
+
+    **Decode: the yardstick** is the least the smoothed decode time (``alpha``) has been:
+    thrash slows decode too (prefill chunks share its passes), and a yardstick that grew
+    with thrash would call recompute cheap when it hurts most.
     """
 
     alpha: float = 0.1
     min_uncached_tokens: int = 1024
+    window: int = 64
+    quantile: float = 0.1
     prefill_seconds_per_token: float | None = None
     decode_seconds: float | None = None
     _decode_ewma: float | None = None
+    _per_token: deque[float] = field(default_factory=deque)
 
     def observe(self, timing: TurnTiming) -> EngineCosts | None:
         """Fold in one completed request; the current estimate once both are known."""
         if (timing.prefill_seconds is not None and timing.uncached_tokens is not None
                 and timing.uncached_tokens >= self.min_uncached_tokens):
-            self.prefill_seconds_per_token = _ewma(
-                self.prefill_seconds_per_token,
-                timing.prefill_seconds / timing.uncached_tokens, self.alpha)
+            self._per_token.append(timing.prefill_seconds / timing.uncached_tokens)
+            if len(self._per_token) > self.window:
+                self._per_token.popleft()
+            ordered = sorted(self._per_token)
+            self.prefill_seconds_per_token = ordered[int((len(ordered) - 1) * self.quantile)]
         if timing.decode_seconds is not None:
             self._decode_ewma = _ewma(self._decode_ewma, timing.decode_seconds, self.alpha)
-            # The yardstick is the least the smoothed decode time has been: thrash
-            # slows decode too (prefill chunks share its passes), and a yardstick
-            # that grew with thrash would call recompute cheap when it hurts most.
             if self.decode_seconds is None or self._decode_ewma < self.decode_seconds:
                 self.decode_seconds = self._decode_ewma
         if self.prefill_seconds_per_token is None or self.decode_seconds is None:

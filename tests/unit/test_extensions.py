@@ -235,20 +235,48 @@ def test_until_costs_are_measured_admission_stays_open_like_plain_routing() -> N
     assert not h.tick().paused
 
 
-def test_cost_meter_smooths_and_ignores_small_prefills() -> None:
+def test_cost_meter_takes_the_decode_yardstick_as_the_least_smoothed_decode() -> None:
     from dynamo_thunderagent.costs import CostMeter, TurnTiming
 
     meter = CostMeter(alpha=0.5, min_uncached_tokens=100)
-    assert meter.observe(TurnTiming(50, 0.5, 1.0)) is None  # too few tokens for a prefill
+    assert meter.observe(TurnTiming(50, 0.5, 1.0)) is None  # no large prefill seen yet
     costs = meter.observe(TurnTiming(1_000, 0.1, 2.0))
-    assert costs is not None and costs.prefill_seconds_per_token == 1e-4
-    assert costs.decode_seconds == 1.0  # the least the smoothed decode time has been
+    assert costs is not None and costs.decode_seconds == 1.0  # the least it has been
     costs = meter.observe(TurnTiming(1_000, 0.3, 10.0))  # decode slowed by thrash: yardstick stays
-    assert costs is not None and abs(costs.prefill_seconds_per_token - 2e-4) < 1e-12
-    assert costs.decode_seconds == 1.0
+    assert costs is not None and costs.decode_seconds == 1.0
     for _ in range(4):  # 5.75 -> 2.9 -> 1.5 -> 0.8 -> 0.45: below the old low
         meter.observe(TurnTiming(None, None, 0.1))
     assert meter.decode_seconds is not None and meter.decode_seconds < 1.0  # and falls
+
+
+def test_cost_meter_prices_a_prefilled_token_by_the_least_delayed_turns() -> None:
+    from dynamo_thunderagent.costs import CostMeter, TurnTiming
+
+    meter = CostMeter(min_uncached_tokens=1_000)
+    assert meter.observe(TurnTiming(500, 0.01, 1.0)) is None  # too small to price a token
+    assert meter.prefill_seconds_per_token is None
+    # A loaded engine: the engine takes 20 us a token; turns wait 0 to 9 s on top.
+    for i in range(10):
+        meter.observe(TurnTiming(2_000, 2_000 * 20e-6 + i, 1.0))
+    # The 10th percentile of ten: the turn that did not wait (the mean would be 2.3 ms).
+    assert meter.prefill_seconds_per_token == 20e-6
+    for _ in range(9):  # a run of slow turns moves it only once they are 9 in 10
+        meter.observe(TurnTiming(2_000, 10.0, 1.0))
+    assert meter.prefill_seconds_per_token == 20e-6 + 1 / 2_000
+
+
+def test_cost_meter_forgets_turns_past_its_window() -> None:
+    from dynamo_thunderagent.costs import CostMeter, TurnTiming
+
+    meter = CostMeter(min_uncached_tokens=1_000, window=4)
+    for _ in range(4):
+        meter.observe(TurnTiming(2_000, 2_000 * 50e-6, 1.0))
+    assert meter.prefill_seconds_per_token == 50e-6
+    for _ in range(3):  # the engine got slower (a bigger model, a busier host) ...
+        meter.observe(TurnTiming(2_000, 2_000 * 80e-6, 1.0))
+    assert meter.prefill_seconds_per_token == 50e-6
+    meter.observe(TurnTiming(2_000, 2_000 * 80e-6, 1.0))  # ... and the old turns left
+    assert meter.prefill_seconds_per_token == 80e-6
 
 
 def test_least_busy_placement_spreads_new_turns_over_workers_by_current_load() -> None:
