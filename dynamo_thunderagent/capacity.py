@@ -120,9 +120,12 @@ class UsageModel:
     def weight(self, program: Program, now: float | None = None) -> float:
         """Weight of the program's tokens: 1 while REASONING, the ACTING weight while a
         tool runs, decayed by its idle time when ``now`` is given. A program expected back
-        within the hold (twice its smoothed gap) decays only once the hold is over."""
+        within the hold (twice its smoothed gap) decays only once the hold is over; one
+        that yielded its room at its tool boundary weighs nothing."""
         if program.phase is Phase.REASONING:
             return 1.0
+        if program.yielded:
+            return 0.0
         if now is None or program.acting_since is None:
             return self.acting_token_weight
         idle = max(0.0, now - program.acting_since)

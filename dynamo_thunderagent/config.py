@@ -189,6 +189,18 @@ class ThunderAgentParameters(_Strict):
     priced at a full re-prefill even with ``host_kv_blocks`` (where the tier keeps a
     paused program's KV, nobody is paused and the hold changes little). None: off
     (parity); 0 hold until the engine's prefill cost and a capacity are known."""
+    acting_yield_factor: float | None = Field(None, gt=0.0, le=100.0)
+    """Do no harm where re-prefill is cheap: at its tool boundary, a program expected back
+    later than this many times the time the engine takes to prefill a worker/rank's whole
+    KV pool (twice its smoothed gap between turns past it; the pool priced as for
+    ``acting_hold_factor``) *yields* its room: while its tool runs it is charged nothing
+    (only ``buffer_per_program``), is never paused, and its next turn is admitted where
+    it ran, as plain KV routing would (the engine may evict its KV meanwhile). Holding
+    room for a program costs the turns that room could run over its whole gap, and saves
+    one re-prefill of its context; the first outgrows the second once the gap passes the
+    pool's re-prefill time, whatever the program's size. Programs with no gap history
+    yet, and every program until the engine's prefill cost and a capacity are known, are
+    charged as without it. None: off (parity)."""
     pause_min_recompute_ratio: float | None = Field(None, ge=0.0, le=1000.0)
     """Pause only when pausing pays: a program is paused (or held back for lack of room)
     only if the re-prefill it avoids, times the turns running on a worker/rank (a

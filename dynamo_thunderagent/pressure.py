@@ -9,7 +9,8 @@ Rules are chosen once from the parameters (:func:`pause_rule`):
   REASONING ones; marked programs already count as gone. Three extensions only change
   its ingredients: what counts as usage (``pressure_decay``: the decayed usage the
   resume side uses), which programs are eligible (``min_residency_seconds``; a pause
-  that does not pay, per the cost model) and in what order (``pause_order``).
+  that does not pay, per the cost model) and in what order (``pause_order``). A program
+  that yielded its room (``acting_yield_factor``) holds none, so no rule pauses it.
 * ``upstream``: the upstream ThunderAgent proxy's rule, kept for comparison. It drains
   to the threshold itself and, when no ACTING program is left, marks *every* unmarked
   REASONING program (marking does not lower its usage estimate).
@@ -72,7 +73,7 @@ class ParityPauseRule:
             members = table.members(worker)
             usage -= sum(charge(p) for p in members if p.marked_for_pause)
             acting = sorted(
-                (p for p in members if p.phase is Phase.ACTING
+                (p for p in members if p.phase is Phase.ACTING and not p.yielded
                  and not (residency and p.active_since is not None
                           and now - p.active_since < residency)
                  and self.costs.pause_pays(p.tokens, batch)),
@@ -137,7 +138,8 @@ class UpstreamPauseRule:
             if usage <= limit:
                 continue
             members = table.members(worker)
-            for program in sorted((p for p in members if p.phase is Phase.ACTING),
+            for program in sorted((p for p in members
+                                   if p.phase is Phase.ACTING and not p.yielded),
                                   key=lambda p: (p.tokens, p.seq)):
                 if usage <= limit:
                     break

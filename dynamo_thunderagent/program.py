@@ -93,6 +93,9 @@ class Program:
     max_gap: float = 0.0
     # Those gaps smoothed (0: not back yet): how soon it is expected back from a tool.
     gap_ewma: float = 0.0
+    # Gave its room back at its tool boundary (acting_yield_factor): charged nothing
+    # while ACTING. Set when it turns ACTING, cleared when its next turn starts.
+    yielded: bool = False
     gone_counted: bool = False  # its first idle was counted as "did not come back"
     # The turn on the GPU or waiting for admission (at most one per session),
     # then the session's later turns in arrival order.

@@ -82,14 +82,15 @@ class ProgramTable:
             return
         ledger = self._ledger.setdefault(program.worker, _RankLedger())
         blocks = len(program.prefix.hashes)
+        charged = _charged(program)
         if program.phase is Phase.REASONING:
             ledger.reasoning_tokens += program.tokens
             ledger.reasoning_prefix_blocks += blocks
-        else:
+        elif charged:
             ledger.acting_tokens += program.tokens
             ledger.acting_prefix_blocks += blocks
         ledger.programs += 1
-        if program.prefix.hashes:
+        if charged and program.prefix.hashes:
             ledger.prefix_counts.update(program.prefix.hashes)
             ledger.prefix_block_tokens = program.prefix.block_tokens
         self._members.setdefault(program.worker, {})[program.session_id] = program
@@ -103,14 +104,15 @@ class ProgramTable:
             return
         ledger = self._ledger[program.worker]
         blocks = len(program.prefix.hashes)
+        charged = _charged(program)
         if program.phase is Phase.REASONING:
             ledger.reasoning_tokens -= program.tokens
             ledger.reasoning_prefix_blocks -= blocks
-        else:
+        elif charged:
             ledger.acting_tokens -= program.tokens
             ledger.acting_prefix_blocks -= blocks
         ledger.programs -= 1
-        if program.prefix.hashes:
+        if charged and program.prefix.hashes:
             ledger.prefix_counts.subtract(program.prefix.hashes)
             for block in program.prefix.hashes:
                 if ledger.prefix_counts[block] <= 0:
@@ -191,3 +193,9 @@ class ProgramTable:
     @property
     def any_paused(self) -> bool:
         return bool(self._paused)
+
+
+def _charged(program: Program) -> bool:
+    """Whether the program's tokens and prefix blocks count in its rank's ledger: not
+    while it is ACTING after yielding its room (``acting_yield_factor``)."""
+    return program.phase is Phase.REASONING or not program.yielded

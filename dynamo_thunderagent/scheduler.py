@@ -86,7 +86,9 @@ class Scheduler:
         self._released = 0  # tracked requests released and not yet ended
         self.counters = {"pauses": 0, "idle_pauses": 0, "resumes": 0, "forced_resumes": 0,
                          "moves": 0, "priced_moves": 0, "move_price_ms": 0, "held_home": 0,
-                         "expired": 0, "evicted": 0, "rejected": 0}
+                         "expired": 0, "evicted": 0, "rejected": 0, "yields": 0}
+        # acting_yield_factor's horizon in seconds (None: off or not measured; _set_hold).
+        self.yield_seconds: float | None = None
         # PAUSED programs whose turn waits for room: the only programs that hold a new
         # program back, and the resume candidates when idle horizons are on.
         self._deferred: dict[str, Program] = {}
@@ -279,6 +281,7 @@ class Scheduler:
             program.phase = Phase.REASONING
             program.tokens = request.input_tokens
             program.acting_since = None
+            program.yielded = False
             program.prefix = request.prefix
         if program.lifecycle is Lifecycle.PAUSED:
             if program.deferred_since is None:
@@ -429,9 +432,8 @@ class Scheduler:
         program.steps += 1
         program.last_active = now
         with self.table.changing(program):
-            program.phase = Phase.ACTING
             program.tokens = max(0, context_tokens)
-            program.acting_since = now
+            self._to_acting(program, now)
         if program.marked_for_pause:
             self._pause(program, now, d)  # its tool boundary
         self._advance(program, now, d)
@@ -464,8 +466,7 @@ class Scheduler:
         program.last_active = now
         prior = request.prior
         with self.table.changing(program):
-            program.phase = Phase.ACTING
-            program.acting_since = now
+            self._to_acting(program, now)
             if prior is not None:  # the aborted turn left nothing in the cache
                 program.tokens = prior.tokens
                 program.prefix = prior.prefix
@@ -608,13 +609,33 @@ class Scheduler:
                                      capacity.total, held)
 
     def _set_hold(self) -> None:
-        """The hold of ``acting_hold_factor``: that many times the time the engine takes
-        to re-prefill a mean worker/rank's whole pool (0 until the cost is measured)."""
-        factor = self.params.acting_hold_factor
+        """The hold of ``acting_hold_factor`` and the yield horizon of
+        ``acting_yield_factor``: that many times the time the engine takes to re-prefill a
+        mean worker/rank's whole pool (the hold 0, the horizon None, until the cost is
+        measured)."""
+        hold, yield_ = self.params.acting_hold_factor, self.params.acting_yield_factor
         known = self.capacity.known
-        stall = (self.costs.stall_seconds(round(self.capacity.total / len(known)), 1.0)
-                 if factor and known else None)
-        self.usage_model.hold_seconds = 0.0 if factor is None or stall is None else factor * stall
+        refill = (self.costs.stall_seconds(round(self.capacity.total / len(known)), 1.0)
+                  if (hold or yield_) and known else None)
+        self.usage_model.hold_seconds = 0.0 if hold is None or refill is None else hold * refill
+        self.yield_seconds = None if yield_ is None or refill is None else yield_ * refill
+
+    def _yields(self, program: Program) -> bool:
+        """Whether ``program``, now at its tool boundary, is expected back later than the
+        yield horizon (twice its smoothed gap past it): it then yields its room."""
+        horizon = self.yield_seconds
+        gap = program.gap_ewma  # 0 until it came back once
+        return horizon is not None and gap > 0.0 and 2.0 * gap > horizon
+
+    def _to_acting(self, program: Program, now: float) -> None:
+        """Its turn ended: ACTING from ``now``, yielding its room if expected back late.
+        Call inside ``table.changing(program)``."""
+        program.phase = Phase.ACTING
+        program.acting_since = now
+        program.yielded = self._yields(program)
+        if program.yielded:
+            program.resident_prompt_tokens = 0  # the engine may evict it: nothing expected
+            self.counters["yields"] += 1
 
     def _force_overdue(self, now: float, d: Decisions) -> None:
         """A deferral never outlives resume_timeout while a live worker exists."""
@@ -654,6 +675,7 @@ class Scheduler:
         state["parameters"] = self.params.model_dump()
         state["cache_loss"] = self.cache_loss.snapshot()
         state["acting_hold_seconds"] = self.usage_model.hold_seconds
+        state["acting_yield_seconds"] = self.yield_seconds
         # The turns waiting for room, longest wait first (what `top` shows as the queue).
         state["deferred"] = [
             {"session_id": p.session_id, "tokens": p.tokens, "phase": p.phase.value,

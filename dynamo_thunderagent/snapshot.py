@@ -29,6 +29,7 @@ def snapshot(table: ProgramTable, capacity: Capacity, idle: IdlePrograms,
             "steps": p.steps, "marked_for_pause": p.marked_for_pause,
             "in_flight": p.current, "waiting": len(p.waiting),
             "pauses": p.pauses, "resumes": p.resumes, "moves": p.moves,
+            "yielded": p.yielded,
         }
         for p in table.programs.values()
     }

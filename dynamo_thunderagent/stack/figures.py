@@ -37,6 +37,12 @@ def scheduler_figures(state: dict[str, Any]) -> dict[str, Any]:
         "admission_wait_censored_max_s": router.get("admission_wait_censored_max_s"),
         "router_hit_rate": router.get("hit_rate"),
         "rejected": router.get("rejected"),
+        "yields": counters.get("yields", 0),
+        # What the cost model had measured by the end, and the hold and yield horizon
+        # derived from it: what the priced decisions of the run were based on.
+        "engine_costs": scheduler.get("costs"),
+        "acting_hold_seconds": scheduler.get("acting_hold_seconds"),
+        "acting_yield_seconds": scheduler.get("acting_yield_seconds"),
     }
 
 

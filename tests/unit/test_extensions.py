@@ -463,3 +463,82 @@ def test_the_hold_follows_the_measured_prefill_cost_and_is_zero_until_measured()
     h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=1e-6, decode_seconds=1.0))
     h.tick()  # recompute is cheap: the hold all but vanishes
     assert h.scheduler.snapshot(h.now)["acting_hold_seconds"] < 1e-2
+
+
+def _yield_harness(factor: float | None, **params: object) -> Harness:
+    """One 1,000-token rank whose whole pool re-prefills in 20 s: the yield horizon of
+    factor 1 is 20 s; costs measured and the horizon set (a tick) before anything runs."""
+    from dynamo_thunderagent.costs import EngineCosts
+
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1, pause_min_recompute_ratio=0,
+             acting_yield_factor=factor, **params)
+    h.workers({W0: 1_000})
+    h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=0.02, decode_seconds=1.0))
+    h.tick()
+    return h
+
+
+def test_a_program_whose_tools_run_long_yields_its_room_at_its_tool_boundary() -> None:
+    for factor in (None, 1.0):
+        h = _yield_harness(factor)
+        _back_from_a_tool(h, "slow", gap=15.0, tokens=900)  # twice 15 s is past 20 s
+        yielded = factor is not None
+        assert h.program("slow").yielded is yielded
+        assert h.scheduler.counters["yields"] == (1 if yielded else 0)
+        assert h.scheduler.snapshot(h.now)["acting_yield_seconds"] == (20.0 if yielded else None)
+        # Yielded, it is charged nothing on either side; else all of it, as before.
+        assert h.scheduler.table.usage(W0) == (0 if yielded else 900)
+        assert h.scheduler.table.decayed_usage(W0, h.now) == (0 if yielded else 900)
+        rid, d = h.turn("other", 500)
+        if yielded:
+            assert isinstance(d.outcome(rid), Release)  # the room is there at once
+        else:
+            assert d.outcome(rid) is None  # waits for the slow program's room
+
+
+def test_a_program_expected_back_within_the_horizon_keeps_its_room() -> None:
+    h = _yield_harness(1.0)
+    _back_from_a_tool(h, "edge", gap=10.0, tokens=900)  # twice 10 s is exactly 20 s
+    assert not h.program("edge").yielded
+    assert h.scheduler.table.usage(W0) == 900
+    assert h.scheduler.counters["yields"] == 0
+
+
+def test_no_program_yields_before_it_has_a_gap_or_the_engine_is_measured() -> None:
+    h = _yield_harness(1.0)
+    h.acting_on("first", W0, 400)  # one turn: no gap history yet
+    assert not h.program("first").yielded
+    assert h.scheduler.table.usage(W0) == 400
+    unmeasured = make(buffer_per_program=0, pause_min_recompute_ratio=0, acting_yield_factor=1.0)
+    unmeasured.workers({W0: 1_000})
+    unmeasured.tick()
+    _back_from_a_tool(unmeasured, "slow", gap=15.0, tokens=900)
+    assert unmeasured.scheduler.snapshot(unmeasured.now)["acting_yield_seconds"] is None
+    assert not unmeasured.program("slow").yielded
+
+
+def test_a_yielded_program_is_never_paused_and_its_next_turn_runs_where_it_ran() -> None:
+    h = _yield_harness(1.0)
+    _back_from_a_tool(h, "slow", gap=15.0, tokens=900)
+    h.acting_on("busy", W0, 960)  # the rank is over its threshold with "busy" alone
+    d = h.tick()
+    assert "slow" not in d.paused  # it holds no room: nothing to free by pausing it
+    assert "busy" in d.paused
+    h.advance(15.0)
+    rid, d = h.turn("slow", 1_000 - 50)
+    assert d.outcome(rid) == Release(rid, W0)  # back where it ran, without waiting for room
+    program = h.program("slow")
+    assert not program.yielded  # its turn is charged in full again
+    assert h.scheduler.table.usage(W0) == 950
+
+
+def test_a_turn_that_fails_is_a_tool_boundary_for_yielding_too() -> None:
+    h = _yield_harness(1.0)
+    _back_from_a_tool(h, "slow", gap=15.0, tokens=900)
+    h.advance(15.0)
+    rid, d = h.turn("slow", 950)
+    assert isinstance(d.outcome(rid), Release)
+    h.scheduler.sent(rid, W0, h.now)
+    h.abort(rid)
+    assert h.program("slow").yielded
+    assert h.scheduler.table.usage(W0) == 0

@@ -39,6 +39,7 @@ from dynamo_thunderagent.classifier import (
     ThunderAgentClassifier,
 )
 from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.costs import EngineCosts
 from dynamo_thunderagent.program import (
     Lifecycle,
     Phase,
@@ -78,6 +79,13 @@ PARAMETER_SETS = [
          idle_horizon_factor=2.0, idle_horizon_min_seconds=0.5, max_turns_per_session=3),
     dict(buffer_per_program=30, idle_horizon_factor=1.0, idle_horizon_min_seconds=0.0,
          min_residency_seconds=3.0, placement="least_busy"),
+    # Priced by measured costs (engine_costs_measured): pauses that pay, the hold, and
+    # programs that yield their room at a tool boundary.
+    dict(buffer_per_program=10, pause_min_recompute_ratio=0.0, acting_yield_factor=1.0,
+         acting_hold_factor=0.5, resume_on_events=True, shared_prefix_accounting=True,
+         price_moves=True, resume_affinity=True),
+    dict(buffer_per_program=0, pause_min_recompute_ratio=1.0, acting_yield_factor=0.2,
+         pressure_decay=True, idle_horizon_factor=2.0, max_wait_seconds=12.0),
 ]
 PREFIX_BLOCK_TOKENS = 8
 
@@ -121,9 +129,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     # ---- setup -----------------------------------------------------------------
     @initialize(params=st.sampled_from(PARAMETER_SETS),
                 live=st.frozensets(st.sampled_from(WORKER_IDS), min_size=1),
-                cards=st.dictionaries(st.sampled_from(RANKS), small_cards, min_size=1))
+                cards=st.dictionaries(st.sampled_from(RANKS), small_cards, min_size=1),
+                prefill=st.sampled_from([None, 1e-3, 1e-2]))
     def start(self, params: dict[str, Any], live: frozenset[int],
-              cards: dict[WorkerKey, CapacityCard]) -> None:
+              cards: dict[WorkerKey, CapacityCard], prefill: float | None) -> None:
         # Most runs start with a small live cluster, so that pressure, pausing
         # and resuming happen within a few dozen steps.
         self.params = ThunderAgentParameters(
@@ -135,6 +144,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
         self.scheduler = Scheduler(self.params)
         self.set_workers(live, cards)
+        if prefill is not None:  # the engine's costs known from the start (the shell's meter)
+            self.engine_costs_measured(prefill)
+            self.tick()
 
     @property
     def table(self) -> ProgramTable:
@@ -220,16 +232,18 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.released)
     @rule(data=st.data(), generated=st.integers(0, 200), tool_output=st.integers(0, 100),
-          go_on=st.booleans())
+          go_on=st.booleans(), tool_seconds=st.sampled_from([0.0, 0.0, 0.5, 2.0]))
     def agent_step(self, data: st.DataObject, generated: int, tool_output: int,
-                   go_on: bool) -> None:
-        """A turn completes and the agent (maybe) sends its next, longer turn right away."""
+                   go_on: bool, tool_seconds: float) -> None:
+        """A turn completes and the agent (maybe) sends its next, longer turn after its
+        tool ran ``tool_seconds`` (so that programs build a gap history)."""
         rid = self.pick(data, self.released)
         sub = self.released.pop(rid)
         context = sub.input_tokens + generated
         self.outcome[rid] = "completed"
         self.absorb(self.scheduler.completed(rid, context, self.now))
         if go_on:
+            self.now += tool_seconds
             self.submit(sub.session_id, context + tool_output, final=False)
 
     @rule(session=st.sampled_from(SESSIONS))
@@ -326,6 +340,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         block_size = cards[rank].block_size if rank in cards else 16
         cards[rank] = CapacityCard(blocks, block_size)
         self.set_workers(self.live, cards)
+
+    @rule(prefill=st.sampled_from([1e-4, 1e-3, 1e-2, 5e-2]))
+    def engine_costs_measured(self, prefill: float) -> None:
+        """The engine's costs as the shell measures them (the hold, the yield horizon and
+        whether a pause pays follow them from the next tick)."""
+        self.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=prefill,
+                                                 decode_seconds=1.0))
 
     # ---- rules: time ------------------------------------------------------------------
     @rule(params=st.sampled_from(PARAMETER_SETS))
@@ -445,6 +466,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                     assert program.lifecycle is Lifecycle.ACTIVE, f"{sid}: in flight but PAUSED"
             if program.marked_for_pause:
                 assert program.lifecycle is Lifecycle.ACTIVE
+            if program.yielded:  # only between a turn's end and the next turn's start
+                assert program.phase is Phase.ACTING and program.current is None, (
+                    f"{sid}: yielded while {program.phase.value} with a turn in flight")
         assert set(slots) == set(self.table.requests), (
             f"tracked requests outside every slot: {set(self.table.requests) - set(slots)}")
 
@@ -481,6 +505,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         for program in self.table.programs.values():
             if program.lifecycle is Lifecycle.ACTIVE and program.worker is not None:
                 recount[program.worker] = recount.get(program.worker, 0.0) + model.charge(program)
+                if program.yielded and program.phase is Phase.ACTING:
+                    continue  # it yielded its room: none of its blocks is charged
                 distinct.setdefault(program.worker, set()).update(program.prefix.hashes)
                 held.setdefault(program.worker, []).append(
                     (model.weight(program), len(program.prefix.hashes)))
@@ -577,8 +603,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                      else self.table.usage(rank))
             if usage <= capacity * threshold + TOLERANCE:
                 continue
+            # Skipped by design: programs that hold no room (yielded) or whose pause would
+            # not pay (the cost model; nothing pays until the engine is measured).
+            costs, batch = self.scheduler.costs, self.scheduler.batch
             active_acting = [p.session_id for p in self.table.members(rank)
-                             if p.phase is Phase.ACTING
+                             if p.phase is Phase.ACTING and not p.yielded
+                             and costs.pause_pays(p.tokens, batch)
                              and not (p.active_since is not None
                                       and self.now - p.active_since < residency)]
             assert not active_acting, (

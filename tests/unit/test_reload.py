@@ -89,6 +89,19 @@ def test_a_reload_that_turns_on_acting_hold_factor_sets_the_hold_at_once() -> No
     assert h.scheduler.snapshot(h.now)["acting_hold_seconds"] == 0.0
 
 
+def test_a_reload_that_turns_on_acting_yield_factor_sets_the_horizon_at_once() -> None:
+    h = make(pause_min_recompute_ratio=1.0)
+    h.workers({W0: 1_000})
+    h.scheduler.observe_costs(EngineCosts(0.01, 0.5))
+    h.tick()
+    assert h.scheduler.snapshot(h.now)["acting_yield_seconds"] is None
+    h.scheduler.reconfigure(ThunderAgentParameters(pause_min_recompute_ratio=1.0,
+                                                   acting_yield_factor=0.5))
+    assert h.scheduler.snapshot(h.now)["acting_yield_seconds"] == 0.5 * 1_000 * 0.01
+    h.scheduler.reconfigure(ThunderAgentParameters(pause_min_recompute_ratio=1.0))
+    assert h.scheduler.snapshot(h.now)["acting_yield_seconds"] is None
+
+
 # ---- the reloader (what SIGHUP calls) ------------------------------------------------------
 POLICY = """request_classifier:
   type: {type}
