@@ -19,6 +19,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from dynamo_thunderagent.quantile import percentile
+
 
 @dataclass(frozen=True)
 class EngineCosts:
@@ -45,8 +47,8 @@ class CostMeter:
     120 us on average. Waiting only ever adds, so the least-delayed turns show the engine's
     own cost: the meter keeps the time per token of the last ``window`` turns that
     prefilled at least ``min_uncached_tokens`` (so that a pass's fixed cost does not
-    dominate) and takes their ``quantile`` (the 10th percentile, nearest rank below: the
-    least of them until eleven are in).
+    dominate) and takes their ``quantile`` (the 10th percentile, by the project's one
+    nearest-rank rule: the least of them until eleven are in).
 
     **Decode: the yardstick** is the least the smoothed decode time (``alpha``) has been:
     thrash slows decode too (prefill chunks share its passes), and a yardstick that grew
@@ -69,8 +71,7 @@ class CostMeter:
             self._per_token.append(timing.prefill_seconds / timing.uncached_tokens)
             if len(self._per_token) > self.window:
                 self._per_token.popleft()
-            ordered = sorted(self._per_token)
-            self.prefill_seconds_per_token = ordered[int((len(ordered) - 1) * self.quantile)]
+            self.prefill_seconds_per_token = percentile(self._per_token, self.quantile)
         if timing.decode_seconds is not None:
             self._decode_ewma = _ewma(self._decode_ewma, timing.decode_seconds, self.alpha)
             if self.decode_seconds is None or self._decode_ewma < self.decode_seconds:
