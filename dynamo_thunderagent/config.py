@@ -199,8 +199,11 @@ class ThunderAgentParameters(_Strict):
     room for a program costs the turns that room could run over its whole gap, and saves
     one re-prefill of its context; the first outgrows the second once the gap passes the
     pool's re-prefill time, whatever the program's size. Programs with no gap history
-    yet, and every program until the engine's prefill cost and a capacity are known, are
-    charged as without it. None: off (parity)."""
+    yet, programs whose next request is already queued, and every program until the
+    engine's prefill cost and a capacity are known, are charged as without it; a program
+    marked for pause that yields is not paused, and no idle program that yielded is. A
+    reload that turns it off leaves programs that already yielded uncharged until their
+    next turn. None: off (parity)."""
     pause_min_recompute_ratio: float | None = Field(None, ge=0.0, le=1000.0)
     """Pause only when pausing pays: a program is paused (or held back for lack of room)
     only if the re-prefill it avoids, times the turns running on a worker/rank (a

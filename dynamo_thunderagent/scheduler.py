@@ -382,6 +382,8 @@ class Scheduler:
         self.idle.find_dormant(now)
         paused = False
         while (program := self.idle.pop_dormant()) is not None:
+            if program.yielded:
+                continue  # it holds no room: pausing it would only make its next turn wait
             self._pause(program, now, d, idle=True)
             paused = True
             if need is not None and self.planner.place(self.table, self.capacity,
@@ -434,8 +436,7 @@ class Scheduler:
         with self.table.changing(program):
             program.tokens = max(0, context_tokens)
             self._to_acting(program, now)
-        if program.marked_for_pause:
-            self._pause(program, now, d)  # its tool boundary
+        self._pause_if_marked(program, now, d)  # its tool boundary
         self._advance(program, now, d)
         self._room_appeared(now, d)
         return d
@@ -474,8 +475,7 @@ class Scheduler:
                     program.acting_since = prior.acting_since
                 if prior.worker is not None and self.capacity.is_live(prior.worker):
                     program.worker = prior.worker  # where its cache is
-        if program.marked_for_pause:
-            self._pause(program, now, d)
+        self._pause_if_marked(program, now, d)
         self._advance(program, now, d)
         self._room_appeared(now, d)
         return d
@@ -625,7 +625,21 @@ class Scheduler:
         yield horizon (twice its smoothed gap past it): it then yields its room."""
         horizon = self.yield_seconds
         gap = program.gap_ewma  # 0 until it came back once
-        return horizon is not None and gap > 0.0 and 2.0 * gap > horizon
+        if horizon is None or program.lifecycle is not Lifecycle.ACTIVE:
+            return False  # off, unmeasured, or paused (its turn never ran: no boundary)
+        if program.waiting or program.final_request is not None:
+            return False  # its next request is already here: no tool to wait for
+        return gap > 0.0 and 2.0 * gap > horizon
+
+    def _pause_if_marked(self, program: Program, now: float, d: Decisions) -> None:
+        """A program marked for pause pauses at its tool boundary, unless it just yielded
+        its room: that frees what the mark was for, and its next turn need not wait."""
+        if not program.marked_for_pause:
+            return
+        if program.yielded:
+            program.marked_for_pause = False
+            return
+        self._pause(program, now, d)
 
     def _to_acting(self, program: Program, now: float) -> None:
         """Its turn ended: ACTING from ``now``, yielding its room if expected back late.
@@ -706,7 +720,7 @@ def _usage_model(params: ThunderAgentParameters) -> UsageModel:
 def _carry_costs(old: CostModel, ratio: float | None) -> CostModel:
     """The cost model for ``ratio`` that keeps what ``old`` measured of the engine.
 
-    The meter (smoothed prefill and decode times) moves over as it is; a measured
+    The meter (its prefill samples and smoothed decode time) moves over as it is; a measured
     model also keeps the costs it was told or had measured.
     """
     inner = old.inner if isinstance(old, HostTierCosts) else old

@@ -542,3 +542,45 @@ def test_a_turn_that_fails_is_a_tool_boundary_for_yielding_too() -> None:
     h.abort(rid)
     assert h.program("slow").yielded
     assert h.scheduler.table.usage(W0) == 0
+
+
+def test_a_program_marked_for_pause_that_yields_is_not_paused() -> None:
+    h = _yield_harness(1.0)
+    _back_from_a_tool(h, "slow", gap=15.0, tokens=900)
+    h.advance(15.0)
+    rid, d = h.turn("slow", 960)  # over the rank's threshold while it reasons
+    assert isinstance(d.outcome(rid), Release)
+    h.scheduler.sent(rid, W0, h.now)
+    assert "slow" in h.tick().marked
+    d = h.complete(rid, 960)
+    assert "slow" not in d.paused  # yielding freed what the mark was for
+    program = h.program("slow")
+    assert program.yielded and not program.marked_for_pause
+    assert program.lifecycle is Lifecycle.ACTIVE
+    h.advance(15.0)
+    rid, d = h.turn("slow", 980)
+    assert d.outcome(rid) == Release(rid, W0)  # its next turn does not wait for room
+
+
+def test_a_program_whose_next_turn_is_already_queued_does_not_yield() -> None:
+    h = _yield_harness(1.0, max_turns_per_session=4)
+    _back_from_a_tool(h, "slow", gap=15.0, tokens=900)
+    assert h.scheduler.counters["yields"] == 1
+    h.advance(15.0)
+    rid, _ = h.turn("slow", 920)
+    h.scheduler.sent(rid, W0, h.now)
+    queued, _ = h.turn("slow", 940)  # sent before the first finished
+    h.complete(rid, 930)
+    assert h.scheduler.counters["yields"] == 1  # no tool to wait for: no second yield
+    assert h.program("slow").current == queued
+
+
+def test_a_yielded_program_gone_idle_is_not_paused_to_make_room() -> None:
+    h = _yield_harness(1.0, idle_horizon_factor=1.0, idle_horizon_min_seconds=0.0)
+    _back_from_a_tool(h, "slow", gap=15.0, tokens=900)
+    assert h.program("slow").yielded
+    h.advance(100.0)  # far past its idle horizon: dormant
+    h.acting_on("busy", W0, 960)  # pressure: dormant programs give way first
+    d = h.tick()
+    assert "slow" not in d.paused  # it holds no room; pausing it would only delay it
+    assert h.program("slow").lifecycle is Lifecycle.ACTIVE

@@ -469,6 +469,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             if program.yielded:  # only between a turn's end and the next turn's start
                 assert program.phase is Phase.ACTING and program.current is None, (
                     f"{sid}: yielded while {program.phase.value} with a turn in flight")
+                assert program.lifecycle is Lifecycle.ACTIVE, f"{sid}: yielded and paused"
         assert set(slots) == set(self.table.requests), (
             f"tracked requests outside every slot: {set(self.table.requests) - set(slots)}")
 
