@@ -130,7 +130,7 @@ class UsageModel:
             return self.acting_token_weight
         idle = max(0.0, now - program.acting_since)
         hold = self.hold_seconds
-        if hold > 0.0 and 0.0 < 2.0 * program.gap_ewma <= hold:
+        if hold > 0.0 and program.expected_back_within(hold):
             idle = max(0.0, idle - hold)
         return self.acting_token_weight * float(2.0 ** (-idle / self.acting_decay_tau_seconds))
 

@@ -115,6 +115,14 @@ class Program:
         """Never finished a turn: nothing of it is cached anywhere yet."""
         return self.steps == 0
 
+    def expected_back_within(self, seconds: float) -> bool | None:
+        """Whether it is expected back from its tool within ``seconds``: twice its smoothed
+        gap between turns (for margin) fits. None until it has come back once. The hold
+        (``acting_hold_factor``) and the yield (``acting_yield_factor``) both ask this."""
+        if self.gap_ewma == 0.0:
+            return None
+        return 2.0 * self.gap_ewma <= seconds
+
     @property
     def busy(self) -> bool:
         return self.current is not None or bool(self.waiting) or self.final_request is not None

@@ -12,7 +12,7 @@ the resume planner (:mod:`~dynamo_thunderagent.resume`: who comes back, and
 where programs run). This module applies their plans and owns every state
 change, and says why it took each step where it takes it (``Decisions.steps``,
 ``Reject.limit``): only there is the reason known. It is longer than most
-(about 720 lines) because admission, the four lifecycle events and the tick are
+(about 740 lines) because admission, the four lifecycle events and the tick are
 one algorithm that reads best top to bottom.
 The seams are rebuilt, and everything else kept, when a policy reload brings new
 parameters (:meth:`Scheduler.reconfigure`).
@@ -624,12 +624,11 @@ class Scheduler:
         """Whether ``program``, now at its tool boundary, is expected back later than the
         yield horizon (twice its smoothed gap past it): it then yields its room."""
         horizon = self.yield_seconds
-        gap = program.gap_ewma  # 0 until it came back once
         if horizon is None or program.lifecycle is not Lifecycle.ACTIVE:
             return False  # off, unmeasured, or paused (its turn never ran: no boundary)
         if program.waiting or program.final_request is not None:
             return False  # its next request is already here: no tool to wait for
-        return gap > 0.0 and 2.0 * gap > horizon
+        return program.expected_back_within(horizon) is False  # None: no gap history yet
 
     def _pause_if_marked(self, program: Program, now: float, d: Decisions) -> None:
         """A program marked for pause pauses at its tool boundary, unless it just yielded
