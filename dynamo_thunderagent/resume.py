@@ -13,7 +13,9 @@ nothing. Parity, with the extensions that change one ingredient each:
   ``buffer_per_program``, capped at a whole rank's resume level) fits the total room
   below the resume level (``pause_threshold - resume_hysteresis``, on decayed usage).
   A program whose pause would not pay (the cost model) is resumed regardless: holding
-  it back saves nothing.
+  it back saves nothing. Neither does holding back a waiting turn at home on a rank
+  whose engine evicts anyway (``hold_max_cache_loss``; the scheduler names those ranks):
+  it runs there at once, ahead of everything else.
 * **Placement by room**: the chosen set is packed largest first onto the rank with the
   most room, so a program may move. ``resume_affinity`` (placement by residency) sends a
   program back to its last rank when that rank has room: its blocks may be resident.
@@ -43,6 +45,7 @@ class Resumption:
     program: Program
     worker: WorkerKey | None  # None: capacity unknown, any eligible worker
     price_seconds: float = 0.0  # the re-prefill a priced move pays (0: not a priced move)
+    evicting: bool = False  # released at home, whose engine evicts anyway (no room needed)
 
 
 @dataclass
@@ -66,12 +69,21 @@ class ResumePlanner:
 
     # ---- resuming -----------------------------------------------------------------
     def plan(self, paused: list[Program], table: ProgramTable, capacity: Capacity,
-             now: float, batch: float) -> ResumePlan:
+             now: float, batch: float,
+             evicting: frozenset[WorkerKey] = frozenset()) -> ResumePlan:
         """The resumptions, in order, for these paused programs (see the module docstring);
-        ``batch``: turns running per worker/rank (for the cost model)."""
+        ``batch``: turns running per worker/rank (for the cost model); ``evicting``: ranks
+        whose engine evicts whatever is held back (``hold_max_cache_loss``): a waiting turn
+        of a program at home there runs at once."""
         known = capacity.known
-        order = sorted(paused, key=lambda p: self.order(p, now))
         plan = ResumePlan([], [])
+        if evicting:
+            waiting = [p for p in paused if p.current is not None and p.worker in evicting]
+            plan.resumptions.extend(Resumption(p, p.worker, evicting=True)
+                                    for p in sorted(waiting, key=lambda p: self.order(p, now)))
+            released = {id(p) for p in waiting}
+            paused = [p for p in paused if id(p) not in released]
+        order = sorted(paused, key=lambda p: self.order(p, now))
         if not known:
             if capacity.any_live:
                 # Capacity unknown: behave as at cold start (anywhere, nothing held back).

@@ -86,7 +86,8 @@ class Scheduler:
         self._released = 0  # tracked requests released and not yet ended
         self.counters = {"pauses": 0, "idle_pauses": 0, "resumes": 0, "forced_resumes": 0,
                          "moves": 0, "priced_moves": 0, "move_price_ms": 0, "held_home": 0,
-                         "expired": 0, "evicted": 0, "rejected": 0, "yields": 0}
+                         "expired": 0, "evicted": 0, "rejected": 0, "yields": 0,
+                         "released_evicting": 0}
         # acting_yield_factor's horizon in seconds (None: off or not measured; _set_hold).
         self.yield_seconds: float | None = None
         # PAUSED programs whose turn waits for room: the only programs that hold a new
@@ -296,6 +297,8 @@ class Scheduler:
             self._release(program, request, None, now, d)  # cold start: no capacity data
             return
         pays = self.costs.pause_pays(program.tokens, self.batch)
+        if pays and self._evicting_anyway() == self.capacity.known.keys():
+            pays = False  # every engine evicts whatever is held back: holding saves nothing
         if program.is_new and self._deferred and pays:
             self._pause(program, now, d)  # no queue jumping past programs waiting for room
             program.deferred_since = now
@@ -563,14 +566,30 @@ class Scheduler:
                 self._reclaim_dormant(now, d)
         if not paused:
             return d
-        plan = self.planner.plan(paused, self.table, self.capacity, now, self.batch)
+        plan = self.planner.plan(paused, self.table, self.capacity, now, self.batch,
+                                 self._evicting_anyway())
         for resumption in plan.resumptions:
+            if resumption.evicting:
+                self.counters["released_evicting"] += 1
             if resumption.price_seconds:
                 self.counters["priced_moves"] += 1
                 self.counters["move_price_ms"] += round(resumption.price_seconds * 1e3)
             self._resume(resumption.program, resumption.worker, now, d)
         self.counters["held_home"] += len(plan.held_home)
         return d
+
+    def _evicting_anyway(self) -> frozenset[WorkerKey]:
+        """Ranks whose engine evicts whatever is held back (``hold_max_cache_loss``): their
+        programs hold more than the capacity, and the engine lost at least that share of
+        what continuing turns expected cached there."""
+        limit = self.params.hold_max_cache_loss
+        if limit is None:
+            return frozenset()
+        usage = self.table.usage_by_rank
+        return frozenset(
+            worker for worker, cap in self.capacity.known.items()
+            if usage.get(worker, 0.0) > cap
+            and (loss := self.cache_loss.loss_ratio(worker)) is not None and loss >= limit)
 
     # ---- the tick --------------------------------------------------------------
     def tick(self, now: float) -> Decisions:

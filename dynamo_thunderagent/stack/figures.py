@@ -38,6 +38,10 @@ def scheduler_figures(state: dict[str, Any]) -> dict[str, Any]:
         "router_hit_rate": router.get("hit_rate"),
         "rejected": router.get("rejected"),
         "yields": counters.get("yields", 0),
+        # Waiting turns run at home because that rank's engine was evicting anyway.
+        "released_evicting": counters.get("released_evicting", 0),
+        # What the engine lost of the cache continuing turns expected, per rank, at the end.
+        "cache_loss": scheduler.get("cache_loss"),
         # What the cost model had measured by the end, and the hold and yield horizon
         # derived from it: what the priced decisions of the run were based on.
         "engine_costs": scheduler.get("costs"),

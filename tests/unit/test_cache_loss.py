@@ -128,3 +128,91 @@ def test_a_reload_keeps_what_was_measured_and_the_new_rule_reads_it() -> None:
     h.scheduler.reconfigure(h.scheduler.params.model_copy(update={"pause_min_cache_loss": 0.1}))
     assert h.scheduler.cache_loss.loss_ratio(W0) == 0.0
     assert h.tick().paused == []
+
+
+# ---- hold_max_cache_loss: hold turns back only where holding keeps a cache ----------------
+
+def _holding(limit: float | None = 0.5) -> Harness:
+    params = {} if limit is None else {"hold_max_cache_loss": limit}
+    return make(buffer_per_program=0, acting_decay_tau_seconds=1e9, pause_target=0.9, **params)
+
+
+def _waiting_turn_on_w0(h: Harness, b_tokens: int = 5_500) -> None:
+    """W0 (10,000) holds ``b_tokens`` + 5,000 in two running turns, and "small", paused
+    under pressure, has a turn waiting for room there."""
+    if not h.scheduler.capacity.known:
+        h.workers({W0: 10_000})
+    h.acting_on("small", W0, 1_000)
+    h.acting_on("a", W0, 4_000)
+    h.acting_on("b", W0, 4_000)
+    h.turn("a", 5_000)  # sticky: 10,000 > 9,500
+    assert h.tick().paused == ["small"]
+    h.turn("b", b_tokens)  # sticky
+    rid, d = h.turn("small", 1_200)
+    assert d.outcome(rid) is None  # deferred behind its pause
+
+
+def test_a_waiting_turn_runs_at_home_where_the_engine_evicts_anyway() -> None:
+    h = _holding()
+    _waiting_turn_on_w0(h)
+    assert h.scheduler.table.usage(W0) > 10_000
+    h.scheduler.cache_loss.observe(W0, 1_000, 200)  # the engine lost 80% of what was expected
+    d = h.tick()
+    assert ("small", W0) in d.resumed
+    assert [r.worker for r in d.released] == [W0]
+    assert h.scheduler.counters["released_evicting"] == 1
+    assert h.scheduler.snapshot(h.now)["counters"]["released_evicting"] == 1
+
+
+def test_a_waiting_turn_waits_where_the_engine_keeps_its_cache_or_without_the_parameter() -> None:
+    for limit, found in ((0.5, 1_000),  # nothing lost
+                         (0.5, 600),  # 40% lost: under the limit
+                         (None, 0)):  # everything lost, but the rule is off (parity)
+        h = _holding(limit)
+        _waiting_turn_on_w0(h)
+        h.scheduler.cache_loss.observe(W0, 1_000, found)
+        d = h.tick()
+        assert d.resumed == [] and d.released == [], (limit, found)
+        assert h.scheduler.counters["released_evicting"] == 0
+
+
+def test_a_waiting_turn_waits_on_a_rank_within_its_capacity_or_not_yet_measured() -> None:
+    h = _holding()
+    _waiting_turn_on_w0(h)
+    assert h.tick().resumed == []  # over capacity, but no continuing turn measured there yet
+    h = _holding()
+    _waiting_turn_on_w0(h, b_tokens=4_800)  # 9,800: no room, within the capacity
+    h.scheduler.cache_loss.observe(W0, 1_000, 0)
+    assert h.tick().resumed == []
+
+
+def test_a_new_program_is_not_held_back_while_every_rank_evicts_anyway() -> None:
+    for limit, held in ((0.5, False), (None, True)):
+        h = _holding(limit)
+        _waiting_turn_on_w0(h)
+        h.scheduler.cache_loss.observe(W0, 1_000, 0)
+        rid, d = h.turn("new", 500)
+        if held:
+            assert d.outcome(rid) is None and "new" in d.paused
+        else:
+            assert d.outcome(rid) == Release(rid, W0)
+
+
+def test_a_new_program_waits_while_some_rank_keeps_its_cache() -> None:
+    h = _holding()
+    h.workers({W0: 10_000, W1: 10_000})
+    h.acting_on("c", W1, 9_000)
+    _waiting_turn_on_w0(h)
+    h.scheduler.cache_loss.observe(W0, 1_000, 0)
+    h.scheduler.cache_loss.observe(W1, 1_000, 1_000)  # W1 keeps its cache: holding pays
+    rid, d = h.turn("new", 500)
+    assert d.outcome(rid) is None and "new" in d.paused
+
+
+def test_a_reload_turns_the_release_on_with_what_was_measured() -> None:
+    h = _holding(None)
+    _waiting_turn_on_w0(h)
+    h.scheduler.cache_loss.observe(W0, 1_000, 0)
+    assert h.tick().resumed == []
+    h.scheduler.reconfigure(h.scheduler.params.model_copy(update={"hold_max_cache_loss": 0.5}))
+    assert ("small", W0) in h.tick().resumed

@@ -207,6 +207,16 @@ def test_parse_builtin_log() -> None:
     assert figures.parse_builtin_log("nothing here")["seen"] is False
 
 
+def test_our_routers_figures_carry_the_release_counter_and_the_cache_loss() -> None:
+    state = {"scheduler": {"counters": {"pauses": 4, "released_evicting": 3},
+                           "cache_loss": {"0/0": {"cache_loss_ratio": 0.7, "turns": 12}}},
+             "router": {}}
+    got = figures.scheduler_figures(state)
+    assert got["pauses"] == 4 and got["released_evicting"] == 3
+    assert got["cache_loss"] == {"0/0": {"cache_loss_ratio": 0.7, "turns": 12}}
+    assert figures.scheduler_figures({})["released_evicting"] == 0  # an older router
+
+
 # ----- rows, aggregation, report -----------------------------------------------------------
 
 

@@ -86,6 +86,10 @@ PARAMETER_SETS = [
          price_moves=True, resume_affinity=True),
     dict(buffer_per_program=0, pause_min_recompute_ratio=1.0, acting_yield_factor=0.2,
          pressure_decay=True, idle_horizon_factor=2.0, max_wait_seconds=12.0),
+    # Turns held back only where holding keeps a cache (engine_cache_loss_seen).
+    dict(buffer_per_program=10, hold_max_cache_loss=0.5, resume_on_events=True,
+         resume_affinity=True, price_moves=True, pause_min_recompute_ratio=0.0,
+         idle_horizon_factor=2.0, pause_min_cache_loss=0.2),
 ]
 PREFIX_BLOCK_TOKENS = 8
 
@@ -347,6 +351,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         whether a pause pays follow them from the next tick)."""
         self.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=prefill,
                                                  decode_seconds=1.0))
+
+    @rule(rank=st.sampled_from(RANKS), lost=st.sampled_from([0.0, 0.3, 0.6, 1.0]))
+    def engine_cache_loss_seen(self, rank: WorkerKey, lost: float) -> None:
+        """A continuing turn's cache as the engine reports it (``hold_max_cache_loss`` and
+        ``pause_min_cache_loss`` read the ratio from the next decision)."""
+        self.scheduler.cache_loss.observe(rank, 1_000, round(1_000 * (1 - lost)))
 
     # ---- rules: time ------------------------------------------------------------------
     @rule(params=st.sampled_from(PARAMETER_SETS))
