@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Generality probes: ours against stock in the simulator on settings no policy was tuned on
+# (other seeds, 4 workers, tool times x0.25 and x4, tokens x2) besides every regime and shape
+# at 1x-4x the KV capacity. Prints one markdown row per case, sorted, and the cases where ours
+# is below stock by more than 1%. About 1 minute on 2 cores.
+# Usage: docs/benchmarks/sim/run-probes.sh [POLICY]   (default: the shipped extended policy)
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+policy=${1:-policies/thunderagent-extended.yaml}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+probe() {  # probe LABEL ARGS...: one sweep of stock and ours, rows prefixed with LABEL
+  local label=$1
+  shift
+  .venv/bin/python -m dynamo_thunderagent bench sim "$@" --arms stock,ours \
+    --policy "$policy" --jobs 1 2>/dev/null \
+    | grep -E '^\| [0-9]+ \| [0-9]+ \| ' | sed "s/^/| $label /" > "$tmp/$label.md"
+}
+
+cases=(
+  "cheap-recompute toy|--regime cheap-recompute --workload synthetic --agents 10,20,30,40,50"
+  "cheap-recompute long|--regime cheap-recompute --workload long --agents 12,24,36,48"
+  "cheap-recompute fanout|--regime cheap-recompute --workload fanout --agents 7,14,22,30"
+  "cheap-recompute toy, seed 2|--regime cheap-recompute --workload synthetic --seed 2 --agents 20,30,40"
+  "cheap-recompute toy, tools x4|--regime cheap-recompute --workload synthetic --time-scale 4 --agents 30,60,90"
+  "cheap-recompute toy, tokens x2|--regime cheap-recompute --workload synthetic --token-scale 2 --agents 10,15,20"
+  "calibrated trace|--regime calibrated --workload trace --agents 12,24,36,48"
+  "calibrated trace, seed 2|--regime calibrated --workload trace --seed 2 --agents 24,36"
+  "calibrated trace, 4 workers|--regime calibrated --workload trace --workers 4 --agents 24,48,72"
+  "calibrated long|--regime calibrated --workload long --agents 12,24,36,48"
+  "calibrated long, 4 workers|--regime calibrated --workload long --workers 4 --agents 24,48,72"
+  "calibrated long, tools x0.25|--regime calibrated --workload long --time-scale 0.25 --agents 24,36"
+  "calibrated fanout|--regime calibrated --workload fanout --agents 7,14,22,30,40"
+  "calibrated fanout, seed 2|--regime calibrated --workload fanout --seed 2 --agents 14,22,30"
+  "calibrated fanout, 4 workers|--regime calibrated --workload fanout --workers 4 --agents 28,44,60"
+  "calibrated synthetic SWE|--regime calibrated --workload synthetic --agents 8,16,24,32"
+  "calibrated synthetic SWE, tools x0.25|--regime calibrated --workload synthetic --time-scale 0.25 --agents 16,24,32"
+  "calibrated synthetic SWE, tools x4|--regime calibrated --workload synthetic --time-scale 4 --agents 16,32,48"
+  "tiered trace|--regime tiered --workload trace --agents 24,36,48"
+  "tiered long|--regime tiered --workload long --agents 24,36,48"
+  "tiered fanout|--regime tiered --workload fanout --agents 14,22,30"
+  "tiered synthetic SWE|--regime tiered --workload synthetic --agents 16,24,32"
+)
+running=0
+for case in "${cases[@]}"; do
+  label=${case%%|*}
+  # shellcheck disable=SC2086
+  probe "$label" ${case#*|} &
+  running=$((running + 1))
+  if (( running >= 2 )); then wait -n; running=$((running - 1)); fi
+done
+wait
+echo "policy: $policy"
+echo
+echo "| case | N | stock | ours (x stock) |"
+echo "|---|---|---|---|"
+cat "$tmp"/*.md | sed 's/ | $/ |/' | sort -t'|' -k2,2 -k3n
+echo
+echo "Below stock by more than 1%:"
+cat "$tmp"/*.md | grep -E '\((0\.[0-8][0-9]|0\.9[0-8])x\)' || echo "none"
