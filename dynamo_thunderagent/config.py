@@ -140,14 +140,16 @@ class ThunderAgentParameters(_Strict):
     the share of the prefix tokens continuing turns expected cached there that the engine
     no longer had (cache_loss.py) is at least this. Until a continuing turn was seen there
     the rank pauses as without it. None (parity): our usage alone decides."""
-    hold_max_cache_loss: float | None = Field(None, ge=0.0, le=1.0)
+    hold_max_cache_loss: float | None = Field(None, gt=0.0, le=1.0)
     """Hold a paused program's turn back for room only where holding it keeps a cache: a
     worker/rank whose programs hold more than its capacity and whose engine lost at least
     this share of the prefix tokens continuing turns expected cached there
-    (cache_loss.py) is evicting whatever is held back, so the turns of its paused
-    programs run there at once, as plain KV routing would, and a new program is not held
-    back while every rank is like that. Pauses themselves go on: where they bring a rank
-    back under its capacity, holding pays again. None (parity): turns wait for room."""
+    (cache_loss.py) is evicting whatever is held back. The waiting turns of its paused
+    programs run there at the next resume pass (an event with ``resume_on_events``, else
+    the tick) without waiting for room, as plain KV routing would; while every rank is
+    like that, a new program is not held back and a waiting turn with no live home runs
+    too. Pauses themselves go on: where they bring a rank back under its capacity,
+    holding pays again. None (parity): turns wait for room."""
     shared_prefix_accounting: bool = False
     """Count KV blocks shared by several programs on a worker/rank (a common system
     prompt) once, from the leading block hashes of each request."""

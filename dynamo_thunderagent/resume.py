@@ -15,7 +15,8 @@ nothing. Parity, with the extensions that change one ingredient each:
   A program whose pause would not pay (the cost model) is resumed regardless: holding
   it back saves nothing. Neither does holding back a waiting turn at home on a rank
   whose engine evicts anyway (``hold_max_cache_loss``; the scheduler names those ranks):
-  it runs there at once, ahead of everything else.
+  it runs there ahead of everything else, its room booked; while every rank evicts
+  anyway, so does a waiting turn with no live home.
 * **Placement by room**: the chosen set is packed largest first onto the rank with the
   most room, so a program may move. ``resume_affinity`` (placement by residency) sends a
   program back to its last rank when that rank has room: its blocks may be resident.
@@ -45,7 +46,8 @@ class Resumption:
     program: Program
     worker: WorkerKey | None  # None: capacity unknown, any eligible worker
     price_seconds: float = 0.0  # the re-prefill a priced move pays (0: not a priced move)
-    evicting: bool = False  # released at home, whose engine evicts anyway (no room needed)
+    # hold_max_cache_loss: released without room, its rank evicting anyway.
+    released_evicting: bool = False
 
 
 @dataclass
@@ -76,14 +78,8 @@ class ResumePlanner:
         whose engine evicts whatever is held back (``hold_max_cache_loss``): a waiting turn
         of a program at home there runs at once."""
         known = capacity.known
-        plan = ResumePlan([], [])
-        if evicting:
-            waiting = [p for p in paused if p.current is not None and p.worker in evicting]
-            plan.resumptions.extend(Resumption(p, p.worker, evicting=True)
-                                    for p in sorted(waiting, key=lambda p: self.order(p, now)))
-            released = {id(p) for p in waiting}
-            paused = [p for p in paused if id(p) not in released]
         order = sorted(paused, key=lambda p: self.order(p, now))
+        plan = ResumePlan([], [])
         if not known:
             if capacity.any_live:
                 # Capacity unknown: behave as at cold start (anywhere, nothing held back).
@@ -93,11 +89,13 @@ class ResumePlanner:
         level = self.level
         buffer = self.buffer
         room = {w: cap * level - table.decayed_usage(w, now) for w, cap in known.items()}
-        free = sum(max(0.0, r) for r in room.values())
         # A program larger than any rank's resume level (it still fits the capacity, or
         # admission would have refused it) needs a whole empty rank, not more than that:
         # without the cap it would wait for resume_timeout and hold every new program back.
         largest = capacity.largest * level
+        if evicting:
+            order = self._release_evicting(order, table, capacity, evicting, room, largest, plan)
+        free = sum(max(0.0, r) for r in room.values())
         chosen = []
         for program in order:
             need = min(program.tokens + buffer, largest)
@@ -142,6 +140,32 @@ class ResumePlanner:
             heapq.heappush(heap, (-room[worker], worker))
             plan.resumptions.append(Resumption(program, worker, price))
         return plan
+
+    def _release_evicting(self, order: list[Program], table: ProgramTable, capacity: Capacity,
+                          evicting: frozenset[WorkerKey], room: dict[WorkerKey, float],
+                          largest: float, plan: ResumePlan) -> list[Program]:
+        """``hold_max_cache_loss``: release the waiting turns whose wait protects no cache,
+        first and without room: those at home on a rank evicting anyway and, while every
+        rank is, those with no live home too (placed as a new program would be). Their
+        room is booked; the rest of ``order`` is returned for the plan."""
+        everywhere = capacity.known.keys() <= evicting
+        rest = []
+        for program in order:
+            worker: WorkerKey | None
+            if program.current is None:
+                worker = None
+            elif program.worker in evicting:
+                worker = program.worker
+            elif everywhere and program.worker not in capacity.known:
+                worker = self.place(table, capacity, None)
+            else:
+                worker = None
+            if worker is None:
+                rest.append(program)
+                continue
+            room[worker] -= min(program.tokens + self.buffer, largest)
+            plan.resumptions.append(Resumption(program, worker, released_evicting=True))
+        return rest
 
     def aged(self, program: Program, now: float) -> bool:
         """Deferred at least ``max_wait_seconds`` (aging on)."""

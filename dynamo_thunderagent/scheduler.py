@@ -529,13 +529,14 @@ class Scheduler:
         _step(d, EventKind.PAUSED, program, program.worker, reason.value)
 
     def _resume(self, program: Program, worker: WorkerKey | None, now: float,
-                d: Decisions, *, forced: bool = False) -> None:
+                d: Decisions, *, forced: bool = False, evicting: bool = False) -> None:
         """Resume ``program`` on ``worker`` (None: where it was); ``forced``: its turn waited
-        past resume_timeout."""
+        past resume_timeout; ``evicting``: released without room, its rank evicting anyway
+        (``hold_max_cache_loss``)."""
         waited = 0.0 if program.deferred_since is None else now - program.deferred_since
+        reason = "resume_timeout" if forced else "evicting" if evicting else "room"
         _step(d, EventKind.FORCED if forced else EventKind.RESUMED, program,
-              worker if worker is not None else program.worker,
-              "resume_timeout" if forced else "room", waited)
+              worker if worker is not None else program.worker, reason, waited)
         if worker is not None and worker != program.worker:
             self._move(program, worker, d, "resume")
         with self.table.changing(program):
@@ -569,12 +570,13 @@ class Scheduler:
         plan = self.planner.plan(paused, self.table, self.capacity, now, self.batch,
                                  self._evicting_anyway())
         for resumption in plan.resumptions:
-            if resumption.evicting:
+            if resumption.released_evicting:
                 self.counters["released_evicting"] += 1
             if resumption.price_seconds:
                 self.counters["priced_moves"] += 1
                 self.counters["move_price_ms"] += round(resumption.price_seconds * 1e3)
-            self._resume(resumption.program, resumption.worker, now, d)
+            self._resume(resumption.program, resumption.worker, now, d,
+                         evicting=resumption.released_evicting)
         self.counters["held_home"] += len(plan.held_home)
         return d
 

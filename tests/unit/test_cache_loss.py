@@ -201,12 +201,33 @@ def test_a_new_program_is_not_held_back_while_every_rank_evicts_anyway() -> None
 def test_a_new_program_waits_while_some_rank_keeps_its_cache() -> None:
     h = _holding()
     h.workers({W0: 10_000, W1: 10_000})
-    h.acting_on("c", W1, 9_000)
+    h.acting_on("c", W1, 6_000)
+    h.acting_on("d", W1, 3_000)
     _waiting_turn_on_w0(h)
+    h.turn("c", 6_500)
+    h.turn("d", 4_000)  # sticky: W1 holds 10,500, past its capacity, ...
     h.scheduler.cache_loss.observe(W0, 1_000, 0)
-    h.scheduler.cache_loss.observe(W1, 1_000, 1_000)  # W1 keeps its cache: holding pays
+    h.scheduler.cache_loss.observe(W1, 1_000, 1_000)  # ... but keeps its cache: holding pays
+    assert h.scheduler.table.usage(W1) > 10_000
     rid, d = h.turn("new", 500)
     assert d.outcome(rid) is None and "new" in d.paused
+    h.scheduler.cache_loss.observe(W1, 1_000, 0)  # now W1 loses it too: nothing to protect
+    rid, d = h.turn("new2", 500)
+    assert isinstance(d.outcome(rid), Release)
+
+
+def test_a_waiting_turn_with_no_home_runs_once_every_rank_evicts_anyway() -> None:
+    h = _holding()
+    _waiting_turn_on_w0(h)
+    rid, d = h.turn("new", 500)  # W0 not measured yet: held back behind "small"
+    assert d.outcome(rid) is None and h.program("new").worker is None
+    h.scheduler.cache_loss.observe(W0, 1_000, 0)
+    d = h.tick()
+    assert {s for s, _ in d.resumed} >= {"small", "new"}
+    assert Release(rid, W0) in d.released
+    assert h.scheduler.counters["released_evicting"] == 2
+    reasons = {e.program: e.reason for e in d.steps if e.kind.value == "resumed"}
+    assert reasons["small"] == reasons["new"] == "evicting"
 
 
 def test_a_reload_turns_the_release_on_with_what_was_measured() -> None:

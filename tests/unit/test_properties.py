@@ -437,6 +437,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.observe()
 
     @invariant()
+    def a_release_without_room_is_one_resume(self) -> None:
+        """hold_max_cache_loss: each turn released without room counts one (unforced)
+        resume."""
+        if hasattr(self, "scheduler"):
+            c = self.scheduler.counters
+            assert c["released_evicting"] <= c["resumes"] - c["forced_resumes"]
+
+    @invariant()
     def every_program_has_one_state_and_every_request_one_slot(self) -> None:
         if not hasattr(self, "scheduler"):
             return
