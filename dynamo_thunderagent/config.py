@@ -145,11 +145,14 @@ class ThunderAgentParameters(_Strict):
     worker/rank whose programs hold more than its capacity and whose engine lost at least
     this share of the prefix tokens continuing turns expected cached there
     (cache_loss.py) is evicting whatever is held back. The waiting turns of its paused
-    programs run there at the next resume pass (an event with ``resume_on_events``, else
-    the tick) without waiting for room, as plain KV routing would; while every rank is
-    like that, a new program is not held back and a waiting turn with no live home runs
-    too. Pauses themselves go on: where they bring a rank back under its capacity,
-    holding pays again. None (parity): turns wait for room."""
+    programs run there without room, as plain KV routing would, once they have waited as
+    long as the stall their re-prefill causes (the cost model's price of a move; no wait
+    until the engine's costs are measured), at the next resume pass (an event with
+    ``resume_on_events``, else the tick); while every rank is like that, so do waiting
+    turns with no live home (new programs held back), placed as a new program would be.
+    A release adds to the overfill, so where re-prefill is dear the pause rule gets that
+    long to drain the rank first. Pauses themselves go on: where they bring a rank back
+    under its capacity, holding pays again. None (parity): turns wait for room."""
     shared_prefix_accounting: bool = False
     """Count KV blocks shared by several programs on a worker/rank (a common system
     prompt) once, from the leading block hashes of each request."""

@@ -15,8 +15,9 @@ nothing. Parity, with the extensions that change one ingredient each:
   A program whose pause would not pay (the cost model) is resumed regardless: holding
   it back saves nothing. Neither does holding back a waiting turn at home on a rank
   whose engine evicts anyway (``hold_max_cache_loss``; the scheduler names those ranks):
-  it runs there ahead of everything else, its room booked; while every rank evicts
-  anyway, so does a waiting turn with no live home.
+  once it has waited as long as the stall its re-prefill causes, it runs there ahead of
+  everything else, its room booked; while every rank evicts anyway, so does a waiting
+  turn with no live home.
 * **Placement by room**: the chosen set is packed largest first onto the rank with the
   most room, so a program may move. ``resume_affinity`` (placement by residency) sends a
   program back to its last rank when that rank has room: its blocks may be resident.
@@ -94,7 +95,8 @@ class ResumePlanner:
         # without the cap it would wait for resume_timeout and hold every new program back.
         largest = capacity.largest * level
         if evicting:
-            order = self._release_evicting(order, table, capacity, evicting, room, largest, plan)
+            order = self._release_evicting(order, table, capacity, evicting, room, largest,
+                                           plan, now, batch)
         free = sum(max(0.0, r) for r in room.values())
         chosen = []
         for program in order:
@@ -143,17 +145,24 @@ class ResumePlanner:
 
     def _release_evicting(self, order: list[Program], table: ProgramTable, capacity: Capacity,
                           evicting: frozenset[WorkerKey], room: dict[WorkerKey, float],
-                          largest: float, plan: ResumePlan) -> list[Program]:
+                          largest: float, plan: ResumePlan, now: float,
+                          batch: float) -> list[Program]:
         """``hold_max_cache_loss``: release the waiting turns whose wait protects no cache,
         first and without room: those at home on a rank evicting anyway and, while every
-        rank is, those with no live home too (placed as a new program would be). Their
-        room is booked; the rest of ``order`` is returned for the plan."""
+        rank is, those with no live home too (placed as a new program would be). A turn
+        goes once it has waited as long as the stall its re-prefill causes there (the cost
+        model's price of a move; at once until the costs are measured): a release adds to
+        the overfill, and where re-prefill is dear the pause rule gets that long to drain
+        the rank first. Their room is booked; the rest of ``order`` is returned."""
         everywhere = capacity.known.keys() <= evicting
         rest = []
         for program in order:
             worker: WorkerKey | None
-            if program.current is None:
+            if program.current is None or program.deferred_since is None:
                 worker = None
+            elif now - program.deferred_since < (
+                    self.costs.stall_seconds(program.tokens, batch) or 0.0):
+                worker = None  # not yet worth the re-prefill it causes
             elif program.worker in evicting:
                 worker = program.worker
             elif everywhere and program.worker not in capacity.known:

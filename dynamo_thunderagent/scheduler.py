@@ -297,8 +297,6 @@ class Scheduler:
             self._release(program, request, None, now, d)  # cold start: no capacity data
             return
         pays = self.costs.pause_pays(program.tokens, self.batch)
-        if pays and self._evicting_anyway() == self.capacity.known.keys():
-            pays = False  # every engine evicts whatever is held back: holding saves nothing
         if program.is_new and self._deferred and pays:
             self._pause(program, now, d)  # no queue jumping past programs waiting for room
             program.deferred_since = now
