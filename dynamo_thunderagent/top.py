@@ -196,7 +196,8 @@ def _summary(state: dict[str, Any], url: str) -> Text:
         f"in flight {state.get('in_flight', 0)}  waiting {router.get('admission_waiting', 0)}  "
         f"admission wait p99 {'-' if p99 is None else _seconds(float(p99))}  "
         f"pauses {counters.get('pauses', 0)} (+{counters.get('idle_pauses', 0)} idle)  "
-        f"resumes {counters.get('resumes', 0)} (forced {counters.get('forced_resumes', 0)})  "
+        f"resumes {counters.get('resumes', 0)} (forced {counters.get('forced_resumes', 0)}, "
+        f"let in while evicting {counters.get('released_evicting', 0)})  "
         f"moves {counters.get('moves', 0)}  yields {counters.get('yields', 0)}  "
         f"expired {counters.get('expired', 0)}")
     return line
