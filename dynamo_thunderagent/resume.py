@@ -77,7 +77,8 @@ class ResumePlanner:
         """The resumptions, in order, for these paused programs (see the module docstring);
         ``batch``: turns running per worker/rank (for the cost model); ``evicting``: ranks
         whose engine evicts whatever is held back (``hold_max_cache_loss``): a waiting turn
-        of a program at home there runs at once."""
+        of a program at home there runs without room once it has waited as long as the
+        stall its re-prefill causes (:meth:`_release_evicting`)."""
         known = capacity.known
         order = sorted(paused, key=lambda p: self.order(p, now))
         plan = ResumePlan([], [])
