@@ -89,7 +89,6 @@ class ResumePlanner:
                                         if p.current is not None)
             return plan
         level = self.level
-        buffer = self.buffer
         room = {w: cap * level - table.decayed_usage(w, now) for w, cap in known.items()}
         # A program larger than any rank's resume level (it still fits the capacity, or
         # admission would have refused it) needs a whole empty rank, not more than that:
@@ -101,7 +100,7 @@ class ResumePlanner:
         free = sum(max(0.0, r) for r in room.values())
         chosen = []
         for program in order:
-            need = min(program.tokens + buffer, largest)
+            need = self._need(program, largest)
             if not self.costs.pause_pays(program.tokens, batch):
                 chosen.append(program)  # holding it back saves nothing: resume it anyway
                 free -= need
@@ -115,7 +114,7 @@ class ResumePlanner:
         heap = [(-r, w) for w, r in room.items()]
         heapq.heapify(heap)
         for program in sorted(chosen, key=lambda p: (-p.tokens, p.seq)):
-            need = min(program.tokens + buffer, largest)
+            need = self._need(program, largest)
             home = program.worker if program.worker in room else None
             pays = self.costs.pause_pays(program.tokens, batch)
             price = 0.0
@@ -173,9 +172,14 @@ class ResumePlanner:
             if worker is None:
                 rest.append(program)
                 continue
-            room[worker] -= min(program.tokens + self.buffer, largest)
+            room[worker] -= self._need(program, largest)
             plan.resumptions.append(Resumption(program, worker, released_evicting=True))
         return rest
+
+    def _need(self, program: Program, largest: float) -> float:
+        """The room ``program`` takes when it resumes: its tokens and
+        ``buffer_per_program``, capped at ``largest`` (a whole rank's resume level)."""
+        return min(program.tokens + self.buffer, largest)
 
     def aged(self, program: Program, now: float) -> bool:
         """Deferred at least ``max_wait_seconds`` (aging on)."""
