@@ -95,8 +95,8 @@ class ResumePlanner:
         # without the cap it would wait for resume_timeout and hold every new program back.
         largest = capacity.largest * level
         if evicting:
-            order = self._release_evicting(order, table, capacity, evicting, room, largest,
-                                           plan, now, batch)
+            order = self._release_evicting(order, capacity, evicting, room, largest, plan,
+                                           now, batch)
         free = sum(max(0.0, r) for r in room.values())
         chosen = []
         for program in order:
@@ -143,17 +143,18 @@ class ResumePlanner:
             plan.resumptions.append(Resumption(program, worker, price))
         return plan
 
-    def _release_evicting(self, order: list[Program], table: ProgramTable, capacity: Capacity,
+    def _release_evicting(self, order: list[Program], capacity: Capacity,
                           evicting: frozenset[WorkerKey], room: dict[WorkerKey, float],
                           largest: float, plan: ResumePlan, now: float,
                           batch: float) -> list[Program]:
         """``hold_max_cache_loss``: release the waiting turns whose wait protects no cache,
         first and without room: those at home on a rank evicting anyway and, while every
-        rank is, those with no live home too (placed as a new program would be). A turn
-        goes once it has waited as long as the stall its re-prefill causes there (the cost
-        model's price of a move; at once until the costs are measured): a release adds to
-        the overfill, and where re-prefill is dear the pause rule gets that long to drain
-        the rank first. Their room is booked; the rest of ``order`` is returned."""
+        rank is, those with no live home too (on the rank with the most room left, this
+        pass's releases counted). A turn goes once it has waited as long as the stall its
+        re-prefill causes there (the cost model's price of a move; at once until the costs
+        are measured): a release adds to the overfill, and where re-prefill is dear the
+        pause rule gets that long to drain the rank first. Their room is booked; the rest
+        of ``order`` is returned."""
         everywhere = capacity.known.keys() <= evicting
         rest = []
         for program in order:
@@ -166,7 +167,9 @@ class ResumePlanner:
             elif program.worker in evicting:
                 worker = program.worker
             elif everywhere and program.worker not in capacity.known:
-                worker = self.place(table, capacity, None)
+                # The most room left in this pass: releases already booked count, so
+                # several turns with no home spread out instead of landing on one rank.
+                worker = max(room, key=lambda w: (room[w], _neg(w)))
             else:
                 worker = None
             if worker is None:

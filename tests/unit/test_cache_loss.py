@@ -250,3 +250,22 @@ def test_a_reload_turns_the_release_on_with_what_was_measured() -> None:
     assert h.tick().resumed == []
     h.scheduler.reconfigure(h.scheduler.params.model_copy(update={"hold_max_cache_loss": 0.5}))
     assert ("small", W0) in h.tick().resumed
+
+
+def test_turns_with_no_home_spread_over_the_ranks_when_every_rank_evicts_anyway() -> None:
+    h = _holding()
+    h.workers({W0: 10_000, W1: 10_000})
+    h.acting_on("c", W1, 6_000)
+    h.acting_on("d", W1, 3_000)
+    _waiting_turn_on_w0(h)  # W0: 10,500 held, "small" waiting
+    h.turn("c", 6_000)
+    h.turn("d", 4_300)  # sticky: W1 holds 10,300
+    first, _ = h.turn("n1", 2_000)
+    second, _ = h.turn("n2", 2_000)  # both held back behind "small" (no queue jumping)
+    h.scheduler.cache_loss.observe(W0, 1_000, 0)
+    h.scheduler.cache_loss.observe(W1, 1_000, 0)
+    released = {r.request_id: r.worker for r in h.tick().released}
+    # Both run, each where the most room is left once this pass's releases are booked:
+    # the first on W1 (10,300 held against W0's 10,500), which its 2,000 then fill past
+    # W0, so the second on W0. Read from the table alone, both would land on W1.
+    assert released[first] == W1 and released[second] == W0
