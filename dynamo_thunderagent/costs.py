@@ -35,6 +35,7 @@ class TurnTiming:
     uncached_tokens: int | None  # prompt tokens the engine had to prefill
     prefill_seconds: float | None  # queue exit to first token
     decode_seconds: float | None  # first token to last
+    output_tokens: int | None = None  # tokens generated (None: not counted)
 
 
 @dataclass
@@ -52,7 +53,10 @@ class CostMeter:
 
     **Decode: the yardstick** is the least the smoothed decode time (``alpha``) has been:
     thrash slows decode too (prefill chunks share its passes), and a yardstick that grew
-    with thrash would call recompute cheap when it hurts most.
+    with thrash would call recompute cheap when it hurts most. A turn of one generated
+    token has no decode at all (its first token is its last), so it is not a sample: an
+    agent's one-token turns (a yes/no check, a classification) would otherwise pull the
+    least smoothed value towards zero, and every pause would look as if it paid.
     """
 
     alpha: float = 0.1
@@ -72,7 +76,8 @@ class CostMeter:
             if len(self._per_token) > self.window:
                 self._per_token.popleft()
             self.prefill_seconds_per_token = percentile(self._per_token, self.quantile)
-        if timing.decode_seconds is not None:
+        if timing.decode_seconds is not None and (
+                timing.output_tokens is None or timing.output_tokens > 1):
             self._decode_ewma = _ewma(self._decode_ewma, timing.decode_seconds, self.alpha)
             if self.decode_seconds is None or self._decode_ewma < self.decode_seconds:
                 self.decode_seconds = self._decode_ewma

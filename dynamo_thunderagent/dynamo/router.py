@@ -289,7 +289,7 @@ class ThunderAgentRouter:
                 self.classifier.observe_turn(TurnTiming(
                     tracker.uncached_tokens,
                     None if tracker.prefill_ms is None else tracker.prefill_ms / 1e3,
-                    decode))
+                    decode, tracker.output_tokens))
 
     def _observe_session(self, request: ClassifyRequest) -> None:
         """Count whether the request carried a session id; say so when most recent ones did

@@ -255,11 +255,15 @@ class StreamTracker:
             events.append(self.terminal)
         elif finish is not None:
             prompt = self.usage_prompt_tokens or self.prompt_tokens
-            generated = max(self.generated_tokens, self.usage_completion_tokens or 0)
-            self.terminal = Completed(self.request_id, int(prompt) + int(generated),
+            self.terminal = Completed(self.request_id, int(prompt) + int(self.output_tokens),
                                       self.cached_tokens)
             events.append(self.terminal)
         return events
+
+    @property
+    def output_tokens(self) -> int:
+        """Tokens generated so far (the engine's usage count when it is larger)."""
+        return max(self.generated_tokens, self.usage_completion_tokens or 0)
 
     @property
     def uncached_tokens(self) -> int | None:

@@ -6,6 +6,8 @@ behaviour and the changed one side by side.
 
 from __future__ import annotations
 
+import pytest
+
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.program import Lifecycle, PrefixBlocks, WorkerKey
 from dynamo_thunderagent.scheduler import Release
@@ -247,6 +249,22 @@ def test_cost_meter_takes_the_decode_yardstick_as_the_least_smoothed_decode() ->
     for _ in range(4):  # 5.75 -> 2.9 -> 1.5 -> 0.8 -> 0.45: below the old low
         meter.observe(TurnTiming(None, None, 0.1))
     assert meter.decode_seconds is not None and meter.decode_seconds < 1.0  # and falls
+
+
+def test_one_token_turns_do_not_pull_the_decode_yardstick_down() -> None:
+    # An agent's one-token turns (a yes/no check) have no decode: first token = last. Were
+    # they samples, a few would pin the yardstick near zero and every pause would pay.
+    from dynamo_thunderagent.costs import CostMeter, TurnTiming
+
+    meter = CostMeter(alpha=0.5, min_uncached_tokens=100)
+    meter.observe(TurnTiming(1_000, 0.1, 2.0, output_tokens=200))
+    for _ in range(10):
+        meter.observe(TurnTiming(1_000, 0.1, 0.0, output_tokens=1))
+    assert meter.decode_seconds == 2.0
+    meter.observe(TurnTiming(1_000, 0.1, 0.01, output_tokens=2))  # a decode, however short
+    assert meter.decode_seconds == pytest.approx(1.005)
+    meter.observe(TurnTiming(1_000, 0.1, 0.0))  # not counted: taken as a decode (as before)
+    assert meter.decode_seconds == pytest.approx(0.5025)
 
 
 def test_cost_meter_prices_a_prefilled_token_by_the_least_delayed_turns() -> None:

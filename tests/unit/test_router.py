@@ -564,6 +564,7 @@ async def test_a_turns_decode_time_is_timed_by_the_router_not_taken_from_the_eng
     assert len(seen) == 1
     # First token (the first chunk) to the finish (the sixth): five passes of 0.25 s.
     assert seen[0].decode_seconds == pytest.approx(1.25)
+    assert seen[0].output_tokens == 5  # a one-token turn would not count as a decode
 
 
 async def test_engine_costs_are_learned_from_agent_turns_only() -> None:

@@ -236,7 +236,7 @@ class ProgramArm(Arm):
             self.scheduler.observe_turn(TurnTiming(
                 request.prompt_tokens - request.cached_tokens,
                 request.first_token_at - request.scheduled_at,
-                self.host.now() - request.first_token_at))
+                self.host.now() - request.first_token_at, request.output_tokens))
         self._apply(self.scheduler.completed(request.request_id, request.context_tokens,
                                              self.host.now(), request.cached_tokens))
 
