@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Generality probes: ours against stock in the simulator on settings no policy was tuned on
-# (other seeds, 4 workers, tool times x0.25 and x4, tokens x2) besides every regime and shape
-# at 1x-4x the KV capacity. Prints one markdown row per case, sorted, and the cases where ours
-# is below stock by more than 1%. About 1 minute on 2 cores.
+# (other seeds, 4 and 8 workers, tool times x0.25 and x4, tokens x0.5 and x2, engine limits,
+# twice the KV, clients that do not send replies back) besides every regime and shape at 1x-4x
+# the KV capacity. Prints one markdown row per case, sorted, and the cases where ours is below
+# stock by more than 1%. About 2 minutes on 2 cores.
 # Usage: docs/benchmarks/sim/run-probes.sh [POLICY]   (default: the shipped extended policy)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -41,6 +42,21 @@ cases=(
   "tiered long|--regime tiered --workload long --agents 24,36,48"
   "tiered fanout|--regime tiered --workload fanout --agents 14,22,30"
   "tiered synthetic SWE|--regime tiered --workload synthetic --agents 16,24,32"
+  # Engines, fleets and clients no policy was tuned on either.
+  "cheap-recompute toy, max-num-seqs 8|--regime cheap-recompute --workload synthetic --max-num-seqs 8 --agents 10,20,30"
+  "cheap-recompute toy, 512-token passes|--regime cheap-recompute --workload synthetic --max-num-batched-tokens 512 --agents 20,30"
+  "cheap-recompute toy, replies not reused|--regime cheap-recompute --workload synthetic --no-reuse-output --agents 20,30"
+  "cheap-recompute toy, 8 workers|--regime cheap-recompute --workload synthetic --workers 8 --agents 40,80,120"
+  "cheap-recompute toy, KV x2|--regime cheap-recompute --workload synthetic --blocks 2816 --agents 30,50,70"
+  "cheap-recompute long, tokens x2|--regime cheap-recompute --workload long --token-scale 2 --agents 12,24"
+  "cheap-recompute fanout, tokens x2|--regime cheap-recompute --workload fanout --token-scale 2 --agents 14,22"
+  "calibrated trace, max-num-seqs 16|--regime calibrated --workload trace --max-num-seqs 16 --agents 24,36"
+  "calibrated trace, 8 workers|--regime calibrated --workload trace --workers 8 --agents 48,96"
+  "calibrated trace, tokens x0.5|--regime calibrated --workload trace --token-scale 0.5 --agents 48,72"
+  "calibrated long, max-num-seqs 8|--regime calibrated --workload long --max-num-seqs 8 --agents 24,36"
+  "calibrated fanout, tokens x2|--regime calibrated --workload fanout --token-scale 2 --agents 11,16,22"
+  "calibrated fanout, tools x4|--regime calibrated --workload fanout --time-scale 4 --agents 22,44"
+  "tiered long, tools x4|--regime tiered --workload long --time-scale 4 --agents 24,48"
 )
 running=0
 for case in "${cases[@]}"; do
