@@ -61,7 +61,8 @@ class Admission:
 
     ``session_final`` admissions carry no turn: answer without a worker.
     ``tracked`` is False for requests the classifier does not follow (no
-    session), which need no lifecycle events.
+    session, or a turn run alongside its session's running turn), which need no
+    lifecycle events.
     """
 
     preferred: WorkerKey | None
@@ -227,6 +228,7 @@ class ThunderAgentClassifier(RequestClassifier):
         return Admission(
             preferred=outcome.worker,
             session_final=outcome.session_final,
+            tracked=outcome.tracked,
             waited_seconds=self.clock() - arrived,
         )
 

@@ -130,6 +130,12 @@ class ThunderAgentParameters(_Strict):
     """Where a program without a live worker goes, among the ranks with room for it: the
     least used (parity), or the one serving the fewest prompt tokens right now, so that
     turns spread over workers by current load, not by idle programs' charge."""
+    concurrent_turns: Literal["queue", "alongside"] = "queue"
+    """A turn that arrives while its session's current turn is running: it waits for that
+    turn to finish (parity: a program's turns are sequential), or it runs alongside it at
+    once, routed as plain KV routing would route it and not tracked as a turn (a parallel
+    branch, such as an agent's parallel calls under one session id: it does not extend the
+    running turn's prompt). A turn that arrives while the program is paused still waits."""
     pause_order: Literal["smallest", "longest_idle", "expected_return"] = "smallest"
     """Which ACTING programs pause first under pressure: the smallest (parity), the ones
     whose tool has run longest (least likely to return soon), or the ones expected back

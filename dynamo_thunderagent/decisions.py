@@ -81,12 +81,15 @@ class Release:
     """Admit ``request_id``; route it to ``worker`` (None: any eligible worker).
 
     ``session_final`` releases carry no turn: the shell answers them without
-    touching a worker.
+    touching a worker. ``tracked`` is False for a turn run alongside its session's
+    running turn (``concurrent_turns: alongside``): the scheduler keeps nothing of it,
+    so the shell reports none of its events.
     """
 
     request_id: str
     worker: WorkerKey | None
     session_final: bool = False
+    tracked: bool = True
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ the resume planner (:mod:`~dynamo_thunderagent.resume`: who comes back, and
 where programs run). This module applies their plans and owns every state
 change, and says why it took each step where it takes it (``Decisions.steps``,
 ``Reject.limit``): only there is the reason known. It is longer than most
-(about 760 lines) because admission, the four lifecycle events and the tick are
+(about 770 lines) because admission, the four lifecycle events and the tick are
 one algorithm that reads best top to bottom.
 The seams are rebuilt, and everything else kept, when a policy reload brings new
 parameters (:meth:`Scheduler.reconfigure`).
@@ -87,7 +87,7 @@ class Scheduler:
         self.counters = {"pauses": 0, "idle_pauses": 0, "resumes": 0, "forced_resumes": 0,
                          "moves": 0, "priced_moves": 0, "move_price_ms": 0, "held_home": 0,
                          "expired": 0, "evicted": 0, "rejected": 0, "yields": 0,
-                         "released_evicting": 0}
+                         "released_evicting": 0, "alongside": 0}
         # acting_yield_factor's horizon in seconds (None: off or not measured; _set_hold).
         self.yield_seconds: float | None = None
         # PAUSED programs whose turn waits for room: the only programs that hold a new
@@ -239,6 +239,10 @@ class Scheduler:
                                 f"session {session_id!r} is ending (a "
                                 "session-final request is pending); start a new session")
         else:
+            if self._runs_alongside(program):
+                self.counters["alongside"] += 1
+                d.released.append(Release(request_id, None, tracked=False))
+                return d
             turns = len(program.waiting) + (program.current is not None)
             cap = self.params.max_turns_per_session
             if turns >= cap:
@@ -261,6 +265,15 @@ class Scheduler:
         else:
             program.waiting.append(request_id)
         return d
+
+    def _runs_alongside(self, program: Program) -> bool:
+        """``concurrent_turns: alongside``: a new turn of ``program`` runs beside its
+        current one, untracked, when that turn is running (not waiting for room)."""
+        if self.params.concurrent_turns != "alongside" or program.current is None:
+            return False
+        current = self.table.requests.get(program.current)
+        return (current is not None and current.state is RequestState.RELEASED
+                and program.lifecycle is Lifecycle.ACTIVE)
 
     def _start_turn(self, program: Program, request: TrackedRequest, now: float,
                     d: Decisions) -> None:

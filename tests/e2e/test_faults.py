@@ -410,7 +410,7 @@ async def test_a_session_cannot_queue_more_than_its_bound_and_its_queue_still_dr
     import openai
 
     policy = extended_policy(tmp_path / "turns.yaml", scheduler_interval_seconds=0.5,
-                             max_turns_per_session=4)
+                             max_turns_per_session=4, concurrent_turns="queue")
     with start_stack(tmp_path, policy=policy, speedup_ratio=1.0) as stack:
         await asyncio.to_thread(wait_until_ready, stack, 2)
         client = async_client(stack, timeout=60)
@@ -434,3 +434,39 @@ async def test_a_session_cannot_queue_more_than_its_bound_and_its_queue_still_dr
         assert len(outcomes.errors) == 3
         assert all("max_turns_per_session=4" in e for e in outcomes.errors), outcomes.errors
         await asyncio.to_thread(settles, stack, "a session over its turn bound")
+
+
+async def test_a_sessions_concurrent_turns_run_alongside_with_the_extended_policy(
+        tmp_path: Path) -> None:
+    # The shipped extended policy (concurrent_turns: alongside): a turn sent while its
+    # session's turn is on a worker runs at once, beside it, as plain KV routing would run
+    # it; every turn completes and nothing is left tracked.
+    import openai
+
+    with start_stack(tmp_path, speedup_ratio=1.0) as stack:
+        await asyncio.to_thread(wait_until_ready, stack, 2)
+        client = async_client(stack, timeout=60)
+        outcomes = Outcomes()
+
+        async def turn(max_tokens: int) -> None:
+            try:
+                await client.chat.completions.create(
+                    model=MODEL, max_tokens=max_tokens, extra_headers={SESSION: "parallel"},
+                    messages=[{"role": "user", "content": "in parallel"}])
+                outcomes.ok += 1
+            except openai.APIError as error:
+                outcomes.record_error(error)
+
+        holder = asyncio.create_task(turn(300))  # seconds on the worker at speedup 1
+        await asyncio.to_thread(
+            wait_for_state, stack, lambda s: s["in_flight"] == 1, "the first turn in flight")
+        others = [asyncio.create_task(turn(300)) for _ in range(3)]
+        both = await asyncio.to_thread(
+            wait_for_state, stack, lambda s: s["in_flight"] == 4,
+            "the three later turns forwarded while the first runs")
+        assert both["scheduler"]["counters"]["alongside"] == 3
+        assert not holder.done()
+        await asyncio.gather(holder, *others)
+        await client.close()
+        assert outcomes.ok == 4 and outcomes.errors == []
+        await asyncio.to_thread(settles, stack, "turns alongside")

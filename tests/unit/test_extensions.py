@@ -602,3 +602,56 @@ def test_a_yielded_program_gone_idle_is_not_paused_to_make_room() -> None:
     d = h.tick()
     assert "slow" not in d.paused  # it holds no room; pausing it would only delay it
     assert h.program("slow").lifecycle is Lifecycle.ACTIVE
+
+
+# ---- concurrent_turns: a session's parallel turn runs alongside its running one -------------
+def test_a_concurrent_turn_queues_in_parity_and_runs_alongside_with_the_extension() -> None:
+    for mode in ("queue", "alongside"):
+        h = make(concurrent_turns=mode)
+        h.workers({W0: 10_000})
+        first, d = h.turn("s", 1_000)
+        assert d.outcome(first) == Release(first, W0)
+        h.scheduler.sent(first, W0, h.now)
+        second, d = h.turn("s", 1_200)  # while the first is on W0
+        if mode == "queue":
+            assert d.outcome(second) is None and list(h.program("s").waiting) == [second]
+            continue
+        # At once, to no worker in particular (the KV router's own choice), untracked.
+        assert d.outcome(second) == Release(second, None, tracked=False)
+        assert second not in h.scheduler.table.requests
+        assert h.scheduler.counters["alongside"] == 1
+        program = h.program("s")
+        assert program.current == first and program.tokens == 1_000 and not program.waiting
+        # Its events teach the scheduler nothing; the running turn's still do.
+        h.scheduler.sent(second, W1, h.now)
+        h.complete(second, 1_300)
+        assert program.worker == W0 and program.current == first
+        h.complete(first, 1_100)
+        assert program.current is None and program.tokens == 1_100
+        third, d = h.turn("s", 1_500)
+        assert d.outcome(third) == Release(third, W0)  # the next turn is sticky as ever
+
+
+def test_a_turn_of_a_paused_program_waits_even_with_concurrent_turns_alongside() -> None:
+    h = make(concurrent_turns="alongside", buffer_per_program=0, pause_target=0.9)
+    h.workers({W0: 10_000})
+    h.acting_on("s", W0, 1_000)
+    h.acting_on("a", W0, 4_000)
+    h.acting_on("b", W0, 4_000)
+    h.turn("a", 5_000)  # sticky: 10,000 held
+    assert h.tick().paused == ["s"]  # the smallest acting program pauses, down to 9,000
+    first, d = h.turn("s", 1_100)
+    assert d.outcome(first) is None  # deferred behind its pause
+    second, d = h.turn("s", 500)  # its current turn waits for room: so does this one
+    assert d.outcome(second) is None and list(h.program("s").waiting) == [second]
+    assert h.scheduler.counters["alongside"] == 0
+
+
+def test_turns_alongside_do_not_count_against_the_sessions_turn_bound() -> None:
+    h = make(concurrent_turns="alongside", max_turns_per_session=1)
+    h.workers({W0: 10_000})
+    h.turn("s", 1_000)  # on W0, running
+    for _ in range(3):
+        rid, d = h.turn("s", 800)
+        assert d.outcome(rid) == Release(rid, None, tracked=False)
+    assert h.scheduler.counters["alongside"] == 3 and h.scheduler.counters["rejected"] == 0

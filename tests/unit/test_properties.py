@@ -90,6 +90,9 @@ PARAMETER_SETS = [
     dict(buffer_per_program=10, hold_max_cache_loss=0.5, resume_on_events=True,
          resume_affinity=True, price_moves=True, pause_min_recompute_ratio=0.0,
          idle_horizon_factor=2.0, pause_min_cache_loss=0.2),
+    # A session's parallel turns run alongside its running one (untracked).
+    dict(buffer_per_program=10, concurrent_turns="alongside", resume_on_events=True,
+         max_turns_per_session=3, placement="least_busy"),
 ]
 PREFIX_BLOCK_TOKENS = 8
 
@@ -173,6 +176,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             if sub.final:
                 self.outcome[rid] = "final-released"
                 assert release.worker is None
+            elif not release.tracked:
+                # concurrent_turns: alongside: a turn sent while its session's turn runs
+                # goes at once, to no worker in particular, and the scheduler keeps nothing.
+                assert self.params.concurrent_turns == "alongside"
+                assert release.worker is None and rid not in self.table.requests
+                self.outcome[rid] = "alongside"
             else:
                 self.released[rid] = sub
         for reject in d.rejected:

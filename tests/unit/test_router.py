@@ -243,6 +243,22 @@ async def test_requests_without_a_session_pass_through_unpinned_and_untracked() 
     assert h.router.stats.passthrough == 1 and h.kv.load_queries == 0
 
 
+async def test_a_concurrent_turn_runs_alongside_unpinned_and_untracked_with_the_extension(
+) -> None:
+    h = Harness(concurrent_turns="alongside")
+    h.kv.hold = asyncio.Event()
+    first = asyncio.create_task(collect(h.router, turn("s"), "r1"))
+    await until(lambda: len(h.kv.requests) == 1, "the first turn is forwarded")
+    second = asyncio.create_task(collect(h.router, turn("s", tokens=14), "r2"))
+    await until(lambda: len(h.kv.requests) == 2, "the second turn is forwarded alongside")
+    assert h.kv.requests[1]["routing"] == {}  # the KV router's own choice, as stock routes it
+    h.kv.hold.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert h.events_of("r2") == [] and h.router.stats.passthrough == 1
+    assert h.program("s").steps == 1 and h.router.in_flight == {}
+    assert h.classifier.scheduler.counters["alongside"] == 1
+
+
 # ---- deferral and rejection ------------------------------------------------------------
 async def test_a_second_turn_of_a_session_waits_for_the_first_to_complete() -> None:
     h = Harness()
