@@ -135,7 +135,8 @@ class ThunderAgentParameters(_Strict):
     turn to finish (parity: a program's turns are sequential), or it runs alongside it at
     once, routed as plain KV routing would route it and not tracked as a turn (a parallel
     branch, such as an agent's parallel calls under one session id: it does not extend the
-    running turn's prompt). A turn that arrives while the program is paused still waits."""
+    running turn's prompt). A turn that arrives while the session's turn waits for room
+    (its program is paused) waits with it and then goes alongside it."""
     pause_order: Literal["smallest", "longest_idle", "expected_return"] = "smallest"
     """Which ACTING programs pause first under pressure: the smallest (parity), the ones
     whose tool has run longest (least likely to return soon), or the ones expected back

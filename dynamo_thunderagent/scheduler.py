@@ -240,8 +240,7 @@ class Scheduler:
                                 "session-final request is pending); start a new session")
         else:
             if self._runs_alongside(program):
-                self.counters["alongside"] += 1
-                d.released.append(Release(request_id, None, tracked=False))
+                self._alongside(request_id, d)
                 return d
             turns = len(program.waiting) + (program.current is not None)
             cap = self.params.max_turns_per_session
@@ -268,7 +267,8 @@ class Scheduler:
 
     def _runs_alongside(self, program: Program) -> bool:
         """``concurrent_turns: alongside``: a new turn of ``program`` runs beside its
-        current one, untracked, when that turn is running (not waiting for room)."""
+        current one, untracked, when that turn is running; one that arrives while the
+        current turn waits for room queues and goes with it (:meth:`_release`)."""
         if self.params.concurrent_turns != "alongside" or program.current is None:
             return False
         current = self.table.requests.get(program.current)
@@ -353,6 +353,19 @@ class Scheduler:
             self._move(program, worker, d, "resume" if resumed else "placed")
         d.released.append(Release(request.request_id, worker))
         _step(d, EventKind.ADMITTED, program, worker, reason, waited)
+        if self.params.concurrent_turns == "alongside":
+            # Turns that queued while this one waited for room were sent beside it: they
+            # go with it, as those sent while it runs do.
+            while program.waiting:
+                queued = program.waiting.popleft()
+                del self.table.requests[queued]
+                self._alongside(queued, d)
+
+    def _alongside(self, request_id: str, d: Decisions) -> None:
+        """Release ``request_id`` untracked, beside its session's running turn, to no
+        worker in particular (``concurrent_turns: alongside``)."""
+        self.counters["alongside"] += 1
+        d.released.append(Release(request_id, None, tracked=False))
 
     def _move(self, program: Program, worker: WorkerKey | None, d: Decisions,
               reason: str) -> None:

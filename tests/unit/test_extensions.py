@@ -632,7 +632,7 @@ def test_a_concurrent_turn_queues_in_parity_and_runs_alongside_with_the_extensio
         assert d.outcome(third) == Release(third, W0)  # the next turn is sticky as ever
 
 
-def test_a_turn_of_a_paused_program_waits_even_with_concurrent_turns_alongside() -> None:
+def test_a_paused_programs_parallel_turns_wait_with_its_turn_and_then_go_with_it() -> None:
     h = make(concurrent_turns="alongside", buffer_per_program=0, pause_target=0.9)
     h.workers({W0: 10_000})
     h.acting_on("s", W0, 1_000)
@@ -645,6 +645,20 @@ def test_a_turn_of_a_paused_program_waits_even_with_concurrent_turns_alongside()
     second, d = h.turn("s", 500)  # its current turn waits for room: so does this one
     assert d.outcome(second) is None and list(h.program("s").waiting) == [second]
     assert h.scheduler.counters["alongside"] == 0
+    third, _ = h.turn("s", 600)
+    # Room appears (session "a" ends): the waiting turn resumes, and the two sent beside
+    # it while it waited go with it, untracked, instead of one after another.
+    a_turn = h.program("a").current
+    assert a_turn is not None
+    h.complete(a_turn, 5_000)
+    h.final("a")
+    released = {r.request_id: r for d in h.log[-1:] for r in d.released}
+    released.update({r.request_id: r for r in h.tick().released})
+    assert released[first] == Release(first, W0)
+    assert released[second] == Release(second, None, tracked=False)
+    assert released[third] == Release(third, None, tracked=False)
+    assert not h.program("s").waiting and h.scheduler.counters["alongside"] == 2
+    assert second not in h.scheduler.table.requests and third not in h.scheduler.table.requests
 
 
 def test_turns_alongside_do_not_count_against_the_sessions_turn_bound() -> None:
