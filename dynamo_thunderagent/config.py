@@ -133,7 +133,8 @@ class ThunderAgentParameters(_Strict):
     concurrent_turns: Literal["queue", "alongside"] = "queue"
     """A turn that arrives while its session's current turn is running: it waits for that
     turn to finish (parity: a program's turns are sequential), or it runs alongside it at
-    once, routed as plain KV routing would route it and not tracked as a turn (a parallel
+    once, on the same worker/rank (where their shared prompt is cached), not tracked as a
+    turn and not held back for room, as plain KV routing would run it (a parallel
     branch, such as an agent's parallel calls under one session id: it does not extend the
     running turn's prompt). A turn that arrives while the session's turn waits for room
     (its program is paused) waits with it and then goes alongside it."""

@@ -82,8 +82,8 @@ class Release:
 
     ``session_final`` releases carry no turn: the shell answers them without
     touching a worker. ``tracked`` is False for a turn run alongside its session's
-    running turn (``concurrent_turns: alongside``): the scheduler keeps nothing of it,
-    so the shell reports none of its events.
+    running turn (``concurrent_turns: alongside``), on that turn's worker/rank: the
+    scheduler keeps nothing of it, so the shell reports none of its events.
     """
 
     request_id: str

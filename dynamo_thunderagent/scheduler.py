@@ -240,7 +240,7 @@ class Scheduler:
                                 "session-final request is pending); start a new session")
         else:
             if self._runs_alongside(program):
-                self._alongside(request_id, d)
+                self._alongside(request_id, d, program.worker)
                 return d
             turns = len(program.waiting) + (program.current is not None)
             cap = self.params.max_turns_per_session
@@ -359,13 +359,14 @@ class Scheduler:
             while program.waiting:
                 queued = program.waiting.popleft()
                 del self.table.requests[queued]
-                self._alongside(queued, d)
+                self._alongside(queued, d, program.worker)
 
-    def _alongside(self, request_id: str, d: Decisions) -> None:
-        """Release ``request_id`` untracked, beside its session's running turn, to no
-        worker in particular (``concurrent_turns: alongside``)."""
+    def _alongside(self, request_id: str, d: Decisions, worker: WorkerKey | None) -> None:
+        """Release ``request_id`` untracked, beside its session's running turn on
+        ``worker``, where the prompt they share is cached (``concurrent_turns:
+        alongside``)."""
         self.counters["alongside"] += 1
-        d.released.append(Release(request_id, None, tracked=False))
+        d.released.append(Release(request_id, worker, tracked=False))
 
     def _move(self, program: Program, worker: WorkerKey | None, d: Decisions,
               reason: str) -> None:

@@ -318,9 +318,14 @@ class ThunderAgentRouter:
         self, request: dict[str, Any], admission: Admission
     ) -> tuple[dict[str, Any], WorkerKey | None]:
         """The request to send and the worker/rank it is pinned to (None: KV router's pick)."""
-        if not admission.tracked:
-            return request, None  # no session: the KV router's own choice
         live = self._live_ids()
+        if not admission.tracked:
+            # No session: the KV router's own choice. A turn run alongside its session's
+            # running one: pinned where that turn runs (their shared prompt is cached there).
+            side = admission.preferred
+            if side is None or side.worker_id not in live:
+                return request, None
+            return pin_request(request, side), side
         preferred = admission.preferred
         if (preferred is not None and preferred.worker_id in live
                 and self.selector.takes_live_preferred):

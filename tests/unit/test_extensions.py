@@ -616,8 +616,8 @@ def test_a_concurrent_turn_queues_in_parity_and_runs_alongside_with_the_extensio
         if mode == "queue":
             assert d.outcome(second) is None and list(h.program("s").waiting) == [second]
             continue
-        # At once, to no worker in particular (the KV router's own choice), untracked.
-        assert d.outcome(second) == Release(second, None, tracked=False)
+        # At once, where the running turn is (their shared prompt is cached there), untracked.
+        assert d.outcome(second) == Release(second, W0, tracked=False)
         assert second not in h.scheduler.table.requests
         assert h.scheduler.counters["alongside"] == 1
         program = h.program("s")
@@ -655,8 +655,8 @@ def test_a_paused_programs_parallel_turns_wait_with_its_turn_and_then_go_with_it
     released = {r.request_id: r for d in h.log[-1:] for r in d.released}
     released.update({r.request_id: r for r in h.tick().released})
     assert released[first] == Release(first, W0)
-    assert released[second] == Release(second, None, tracked=False)
-    assert released[third] == Release(third, None, tracked=False)
+    assert released[second] == Release(second, W0, tracked=False)
+    assert released[third] == Release(third, W0, tracked=False)
     assert not h.program("s").waiting and h.scheduler.counters["alongside"] == 2
     assert second not in h.scheduler.table.requests and third not in h.scheduler.table.requests
 
@@ -664,8 +664,9 @@ def test_a_paused_programs_parallel_turns_wait_with_its_turn_and_then_go_with_it
 def test_turns_alongside_do_not_count_against_the_sessions_turn_bound() -> None:
     h = make(concurrent_turns="alongside", max_turns_per_session=1)
     h.workers({W0: 10_000})
-    h.turn("s", 1_000)  # on W0, running
+    first, _ = h.turn("s", 1_000)
+    h.scheduler.sent(first, W0, h.now)  # running on W0
     for _ in range(3):
         rid, d = h.turn("s", 800)
-        assert d.outcome(rid) == Release(rid, None, tracked=False)
+        assert d.outcome(rid) == Release(rid, W0, tracked=False)
     assert h.scheduler.counters["alongside"] == 3 and h.scheduler.counters["rejected"] == 0

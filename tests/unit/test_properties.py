@@ -178,9 +178,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert release.worker is None
             elif not release.tracked:
                 # concurrent_turns: alongside: a turn sent while its session's turn runs
-                # goes at once, to no worker in particular, and the scheduler keeps nothing.
+                # goes at once, where that turn runs, and the scheduler keeps nothing.
                 assert self.params.concurrent_turns == "alongside"
-                assert release.worker is None and rid not in self.table.requests
+                assert rid not in self.table.requests
+                program = self.table.programs.get(sub.session_id)
+                assert program is not None and release.worker == program.worker
                 self.outcome[rid] = "alongside"
             else:
                 self.released[rid] = sub

@@ -243,15 +243,16 @@ async def test_requests_without_a_session_pass_through_unpinned_and_untracked() 
     assert h.router.stats.passthrough == 1 and h.kv.load_queries == 0
 
 
-async def test_a_concurrent_turn_runs_alongside_unpinned_and_untracked_with_the_extension(
-) -> None:
+async def test_a_concurrent_turn_runs_alongside_on_its_sessions_worker_untracked() -> None:
     h = Harness(concurrent_turns="alongside")
     h.kv.hold = asyncio.Event()
     first = asyncio.create_task(collect(h.router, turn("s"), "r1"))
     await until(lambda: len(h.kv.requests) == 1, "the first turn is forwarded")
     second = asyncio.create_task(collect(h.router, turn("s", tokens=14), "r2"))
     await until(lambda: len(h.kv.requests) == 2, "the second turn is forwarded alongside")
-    assert h.kv.requests[1]["routing"] == {}  # the KV router's own choice, as stock routes it
+    # Pinned where the running turn is: the prompt they share is cached there.
+    assert h.kv.requests[1]["routing"] == h.kv.requests[0]["routing"] == {
+        "backend_instance_id": A, "dp_rank": 0}
     h.kv.hold.set()
     await asyncio.wait_for(asyncio.gather(first, second), 5)
     assert h.events_of("r2") == [] and h.router.stats.passthrough == 1
