@@ -405,31 +405,50 @@ def test_session_headers_outside_the_accepted_syntax(tmp_path: Path) -> None:
 
 
 # ---- one session flooding its own queue ------------------------------------------------------
-async def test_a_session_cannot_queue_more_than_its_bound_and_its_queue_still_drains(
-        tmp_path: Path) -> None:
+def session_turns(client: Any, outcomes: Outcomes,
+                  session: str) -> Callable[[int], Awaitable[None]]:
+    """Sends one turn of ``session`` asking for ``max_tokens``; records what came back."""
     import openai
 
-    policy = extended_policy(tmp_path / "turns.yaml", scheduler_interval_seconds=0.5,
-                             max_turns_per_session=4, concurrent_turns="queue")
-    with start_stack(tmp_path, policy=policy, speedup_ratio=1.0) as stack:
+    async def turn(max_tokens: int) -> None:
+        try:
+            await client.chat.completions.create(
+                model=MODEL, max_tokens=max_tokens, extra_headers={SESSION: session},
+                messages=[{"role": "user", "content": "again"}])
+            outcomes.ok += 1
+        except openai.APIError as error:
+            outcomes.record_error(error)
+
+    return turn
+
+
+@contextlib.asynccontextmanager
+async def a_long_turn_in_flight(
+        tmp_path: Path, session: str, **policy: Any,
+) -> AsyncIterator[tuple[Any, Callable[[int], Awaitable[None]], Outcomes, asyncio.Task[None]]]:
+    """A stack at speedup 1 (the extended policy with ``policy`` changed) with one long
+    turn of ``session`` on a worker; yields the stack, a function sending more turns of the
+    session, what they got back, and the long turn's task. The client closes at the end."""
+    path = extended_policy(tmp_path / "session.yaml", scheduler_interval_seconds=0.5, **policy)
+    with start_stack(tmp_path, policy=path, speedup_ratio=1.0) as stack:
         await asyncio.to_thread(wait_until_ready, stack, 2)
         client = async_client(stack, timeout=60)
         outcomes = Outcomes()
-
-        async def turn(max_tokens: int) -> None:
-            try:
-                await client.chat.completions.create(
-                    model=MODEL, max_tokens=max_tokens, extra_headers={SESSION: "greedy"},
-                    messages=[{"role": "user", "content": "again"}])
-                outcomes.ok += 1
-            except openai.APIError as error:
-                outcomes.record_error(error)
-
+        turn = session_turns(client, outcomes, session)
         holder = asyncio.create_task(turn(300))  # seconds on the worker at speedup 1
         await asyncio.to_thread(
             wait_for_state, stack, lambda s: s["in_flight"] == 1, "the first turn in flight")
+        try:
+            yield stack, turn, outcomes, holder
+        finally:
+            await client.close()
+
+
+async def test_a_session_cannot_queue_more_than_its_bound_and_its_queue_still_drains(
+        tmp_path: Path) -> None:
+    async with a_long_turn_in_flight(tmp_path, "greedy", max_turns_per_session=4,
+                                     concurrent_turns="queue") as (stack, turn, outcomes, holder):
         await asyncio.gather(*(turn(4) for _ in range(6)), holder)
-        await client.close()
         assert outcomes.ok == 4, outcomes.errors  # the turn in flight and 3 queued behind it
         assert len(outcomes.errors) == 3
         assert all("max_turns_per_session=4" in e for e in outcomes.errors), outcomes.errors
@@ -439,27 +458,9 @@ async def test_a_session_cannot_queue_more_than_its_bound_and_its_queue_still_dr
 async def test_a_sessions_concurrent_turns_run_alongside_with_the_extended_policy(
         tmp_path: Path) -> None:
     # The shipped extended policy (concurrent_turns: alongside): a turn sent while its
-    # session's turn is on a worker runs at once, beside it, as plain KV routing would run
-    # it; every turn completes and nothing is left tracked.
-    import openai
-
-    with start_stack(tmp_path, speedup_ratio=1.0) as stack:
-        await asyncio.to_thread(wait_until_ready, stack, 2)
-        client = async_client(stack, timeout=60)
-        outcomes = Outcomes()
-
-        async def turn(max_tokens: int) -> None:
-            try:
-                await client.chat.completions.create(
-                    model=MODEL, max_tokens=max_tokens, extra_headers={SESSION: "parallel"},
-                    messages=[{"role": "user", "content": "in parallel"}])
-                outcomes.ok += 1
-            except openai.APIError as error:
-                outcomes.record_error(error)
-
-        holder = asyncio.create_task(turn(300))  # seconds on the worker at speedup 1
-        await asyncio.to_thread(
-            wait_for_state, stack, lambda s: s["in_flight"] == 1, "the first turn in flight")
+    # session's turn is on a worker runs at once, beside it on the same worker/rank;
+    # every turn completes and nothing is left tracked.
+    async with a_long_turn_in_flight(tmp_path, "parallel") as (stack, turn, outcomes, holder):
         others = [asyncio.create_task(turn(300)) for _ in range(3)]
         both = await asyncio.to_thread(
             wait_for_state, stack, lambda s: s["in_flight"] == 4,
@@ -467,6 +468,5 @@ async def test_a_sessions_concurrent_turns_run_alongside_with_the_extended_polic
         assert both["scheduler"]["counters"]["alongside"] == 3
         assert not holder.done()
         await asyncio.gather(holder, *others)
-        await client.close()
         assert outcomes.ok == 4 and outcomes.errors == []
         await asyncio.to_thread(settles, stack, "turns alongside")
