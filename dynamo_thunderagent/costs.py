@@ -54,9 +54,11 @@ class CostMeter:
     **Decode: the yardstick** is the least the smoothed decode time (``alpha``) has been:
     thrash slows decode too (prefill chunks share its passes), and a yardstick that grew
     with thrash would call recompute cheap when it hurts most. A turn of one generated
-    token has no decode at all (its first token is its last), so it is not a sample: an
-    agent's one-token turns (a yes/no check, a classification) would otherwise pull the
-    least smoothed value towards zero, and every pause would look as if it paid.
+    token has no decode at all (its first token is its last), so it is not a sample: a
+    client's one-token turns (``max_tokens: 1`` checks or classifications) would otherwise
+    pull the least smoothed value towards zero, and every pause would look as if it paid.
+    Short turns of two tokens or more still count, and pull it down in proportion; a
+    per-token decode cost would not, but it prices a pause differently (not done).
     """
 
     alpha: float = 0.1

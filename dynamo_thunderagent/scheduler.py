@@ -359,12 +359,14 @@ class Scheduler:
             while program.waiting:
                 queued = program.waiting.popleft()
                 del self.table.requests[queued]
-                self._alongside(queued, d, program.worker)
+                self._alongside(queued, d, worker)
 
     def _alongside(self, request_id: str, d: Decisions, worker: WorkerKey | None) -> None:
         """Release ``request_id`` untracked, beside its session's running turn on
         ``worker``, where the prompt they share is cached (``concurrent_turns:
-        alongside``)."""
+        alongside``); to no worker in particular if that one is not live."""
+        if worker is not None and not self.capacity.is_live(worker):
+            worker = None
         self.counters["alongside"] += 1
         d.released.append(Release(request_id, worker, tracked=False))
 

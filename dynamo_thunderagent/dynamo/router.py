@@ -206,7 +206,9 @@ class ThunderAgentRouter:
             return
         if not admission.tracked:
             self.stats.passthrough += 1
-        elif not admission.session_final:
+        if classify_input.session_id is not None and not admission.session_final:
+            # Every turn of a session, one run alongside its session's turn included (it
+            # may have waited with that turn for room).
             waited = self.clock() - started
             self.stats.admission_wait_s.append(waited)
             if self.observer is not None:

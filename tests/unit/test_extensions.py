@@ -670,3 +670,12 @@ def test_turns_alongside_do_not_count_against_the_sessions_turn_bound() -> None:
         rid, d = h.turn("s", 800)
         assert d.outcome(rid) == Release(rid, W0, tracked=False)
     assert h.scheduler.counters["alongside"] == 3 and h.scheduler.counters["rejected"] == 0
+
+
+def test_a_turn_alongside_goes_to_no_worker_in_particular_when_its_sessions_is_gone() -> None:
+    h = make(concurrent_turns="alongside")
+    h.workers({W0: 10_000})
+    first, _ = h.turn("s", 1_000)
+    h.scheduler.sent(first, W1, h.now)  # served by a rank that is not (or no longer) live
+    second, d = h.turn("s", 800)
+    assert d.outcome(second) == Release(second, None, tracked=False)

@@ -182,7 +182,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert self.params.concurrent_turns == "alongside"
                 assert rid not in self.table.requests
                 program = self.table.programs.get(sub.session_id)
-                assert program is not None and release.worker == program.worker
+                assert program is not None and release.worker in (None, program.worker)
                 self.outcome[rid] = "alongside"
             else:
                 self.released[rid] = sub

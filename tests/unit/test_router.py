@@ -258,6 +258,7 @@ async def test_a_concurrent_turn_runs_alongside_on_its_sessions_worker_untracked
     assert h.events_of("r2") == [] and h.router.stats.passthrough == 1
     assert h.program("s").steps == 1 and h.router.in_flight == {}
     assert h.classifier.scheduler.counters["alongside"] == 1
+    assert len(h.router.stats.admission_wait_s) == 2  # a session's turn: its wait counts
 
 
 # ---- deferral and rejection ------------------------------------------------------------
