@@ -157,7 +157,8 @@ class ThunderAgentParameters(_Strict):
     long as the stall their re-prefill causes (the cost model's price of a move; no wait
     until the engine's costs are measured), at the next resume pass (an event with
     ``resume_on_events``, else the tick); while every rank is like that, so do waiting
-    turns with no live home (new programs held back), placed as a new program would be.
+    turns with no live home (new programs held back), each on the rank with the most room
+    left once this pass's earlier releases are booked.
     A release adds to the overfill, so where re-prefill is dear the pause rule gets that
     long to drain the rank first. Pauses themselves go on: where they bring a rank back
     under its capacity, holding pays again. None (parity): turns wait for room."""
