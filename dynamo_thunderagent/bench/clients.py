@@ -13,7 +13,10 @@ Workloads (the exact aiperf flags are in :data:`WORKLOADS`):
 
 * ``one-turn``: 200 one-turn conversations, 200 input / 100 output tokens, streamed;
 * ``multi-turn``: 40 conversations x 6 turns, 300 input / 16 output tokens, 400 ms between
-  turns (aiperf re-sends the whole conversation each turn, so prompts grow to ~1.9k tokens).
+  turns (aiperf re-sends the whole conversation each turn, so prompts grow to ~1.9k tokens);
+* ``agentic-code``: aiperf's own coding-agent sessions (``aiperf synthesize agentic-code``,
+  scaled to the calibrated regime, which its stacks then run; ``bench/agentic_code.py``),
+  replayed 4, 8 or 16 sessions at a time for 120 s, tool and human gaps honoured.
 
 aiperf is installed by the Makefile in a virtual environment of its own (``.venv-aiperf``),
 because its dependencies (transformers, pandas, ...) are not the Dynamo processes' business;
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -40,10 +44,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from dynamo_thunderagent.bench.agentic_code import (
+    AgenticCodeWorkload,
+    scaled_config,
+    synthesize,
+    tokenizer_cache,
+)
 from dynamo_thunderagent.bench.output import publish
 from dynamo_thunderagent.dynamo.translate import SESSION_HEADER
 from dynamo_thunderagent.stack.arms import ARM_NAMES, BASELINE_ARM, HEADLINE_ARMS, arm_named
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
+from dynamo_thunderagent.stack.regime import StackRegime, prepare_stack_regime
+from dynamo_thunderagent.stack.tiny_model import build_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AIPERF_VENV = REPO_ROOT / ".venv-aiperf"
@@ -85,11 +97,14 @@ class AiperfWorkload:
         return flags
 
 
-WORKLOADS: dict[str, AiperfWorkload] = {
+Workload = AiperfWorkload | AgenticCodeWorkload
+
+WORKLOADS: dict[str, Workload] = {
     "one-turn": AiperfWorkload("one-turn", conversations=200, turns=1, input_tokens=200,
                                output_tokens=100, concurrency=(2, 20, 64)),
     "multi-turn": AiperfWorkload("multi-turn", conversations=40, turns=6, input_tokens=300,
                                  output_tokens=16, turn_delay_ms=400, concurrency=(8, 20, 64)),
+    "agentic-code": AgenticCodeWorkload(),
 }
 
 
@@ -104,12 +119,14 @@ def find_aiperf(explicit: str | None = None) -> str:
         "pass --aiperf PATH / set DTA_AIPERF")
 
 
-def aiperf_command(aiperf: str, stack: LocalStack, workload: AiperfWorkload, concurrency: int,
+def aiperf_command(aiperf: str, stack: LocalStack, workload: Workload, concurrency: int,
                    artifacts: Path, seed: int = 42) -> list[str]:
     """The aiperf command line for one run (the URL without /v1: aiperf appends the path)."""
+    tokenizer = (workload.tokenizer if isinstance(workload, AgenticCodeWorkload)
+                 and workload.tokenizer else str(stack.model_path))
     return [
         aiperf, "profile", "--model", stack.config.model_name,
-        "--url", stack.url.removesuffix("/v1"), "--tokenizer", str(stack.model_path),
+        "--url", stack.url.removesuffix("/v1"), "--tokenizer", tokenizer,
         *workload.flags(), "--concurrency", str(concurrency),
         "--ui", "none", "--no-server-metrics", "--no-gpu-telemetry",
         "--random-seed", str(seed), "--output-artifact-dir", str(artifacts),
@@ -150,6 +167,8 @@ class ClientRun:
     returncode: int = 0
     failure: str | None = None
     router: dict[str, Any] | None = None  # arm ours: /state after the run
+    # Prompt tokens the engines found cached, over all prompt tokens (the frontend's counters).
+    hit_rate: float | None = None
     # CPU seconds each role of the stack used during the aiperf run (workers summed): what
     # the router's hop costs beside the frontend's own work, on the same requests.
     cpu_s: dict[str, float] = field(default_factory=dict)
@@ -180,16 +199,20 @@ def parse_summary(path: Path) -> dict[str, Any]:
     }
 
 
-def run_aiperf(stack: LocalStack, workload: AiperfWorkload, concurrency: int, artifacts: Path,
-               *, aiperf: str, timeout_s: float = 300.0, seed: int = 42) -> dict[str, Any]:
+def run_aiperf(stack: LocalStack, workload: Workload, concurrency: int, artifacts: Path,
+               *, aiperf: str, timeout_s: float = 300.0, seed: int = 42,
+               hub_cache: Path | None = None) -> dict[str, Any]:
     """Run aiperf once against ``stack``; the parsed summary plus ``returncode``/``failure``."""
     artifacts.mkdir(parents=True, exist_ok=True)
     command = aiperf_command(aiperf, stack, workload, concurrency, artifacts, seed)
     (artifacts / "command.txt").write_text(" ".join(command) + "\n", encoding="utf-8")
     with open(artifacts / "aiperf.log", "wb") as log:
         # Its own process group: aiperf runs worker processes, and a timeout must stop them all.
+        env = aiperf_env()
+        if isinstance(workload, AgenticCodeWorkload) and hub_cache is not None:
+            env = workload.env(env, hub_cache)
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   env=aiperf_env(), start_new_session=True)
+                                   env=env, start_new_session=True)
         try:
             returncode = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -222,9 +245,30 @@ def router_state(stack: LocalStack) -> dict[str, Any] | None:
         "dormant": scheduler.get("dormant"),
         "counters": scheduler["counters"],
         "router": {k: state["router"][k] for k in
-                   ("requests", "completed", "aborted", "rejected", "errors")},
+                   ("requests", "passthrough", "completed", "aborted", "rejected",
+                    "session_final", "cancelled", "orphans", "errors")},
         "usage_tokens": {rank: r["usage_tokens"] for rank, r in scheduler["ranks"].items()},
     }
+
+
+def hit_rate_from_metrics(text: str) -> float | None:
+    """Cached over all prompt tokens, from the frontend's Prometheus text (None: no prompt)."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        for name in ("cached_tokens", "input_sequence_tokens"):
+            if line.startswith(f"dynamo_frontend_{name}_sum"):
+                sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    prompt = sums.get("input_sequence_tokens", 0.0)
+    return sums.get("cached_tokens", 0.0) / prompt if prompt > 0 else None
+
+
+def frontend_hit_rate(stack: LocalStack) -> float | None:
+    """The stack's hit rate so far, as its frontend counts it (None if unreadable)."""
+    try:
+        with urllib.request.urlopen(stack.metrics_urls["frontend-http"], timeout=10) as reply:
+            return hit_rate_from_metrics(reply.read().decode("utf-8", errors="replace"))
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def cpu_by_role(stack: LocalStack) -> dict[str, float]:
@@ -237,21 +281,26 @@ def cpu_by_role(stack: LocalStack) -> dict[str, float]:
     return used
 
 
-def run_one(arm: str, workload: AiperfWorkload, concurrency: int, repeat: int, out: Path,
-            *, aiperf: str, policy: Path | None, timeout_s: float) -> ClientRun:
-    """A fresh stack of ``arm``, one aiperf run, the router's state, the stack stopped."""
+def run_one(arm: str, workload: Workload, concurrency: int, repeat: int, out: Path,
+            *, aiperf: str, policy: Path | None, timeout_s: float,
+            regime: StackRegime | None = None, hub_cache: Path | None = None) -> ClientRun:
+    """A fresh stack of ``arm`` (sized and timed as ``regime`` when given), one aiperf run,
+    the router's state and the hit rate, the stack stopped."""
     name = f"{workload.name}-c{concurrency}-r{repeat}-{arm}"
     result = ClientRun(workload.name, concurrency, arm, repeat)
     config = StackConfig(arm=arm, run_dir=out / "runs" / name,
                          policy=policy if arm_named(arm).takes_policy else None)
+    if regime is not None:
+        regime.apply(config)
     try:
         with LocalStack(config) as stack:
             before = cpu_by_role(stack)
             outcome = run_aiperf(stack, workload, concurrency, out / "aiperf" / name,
-                                 aiperf=aiperf, timeout_s=timeout_s)
+                                 aiperf=aiperf, timeout_s=timeout_s, hub_cache=hub_cache)
             after = cpu_by_role(stack)
             result.cpu_s = {role: after[role] - before[role] for role in after if role in before}
             result.router = router_state(stack)
+            result.hit_rate = frontend_hit_rate(stack)
     except Exception as error:  # a stack that failed to start is a failed run, not a crash
         result.failure = f"{type(error).__name__}: {error}"
         return result
@@ -281,6 +330,7 @@ def summarize(runs: list[ClientRun]) -> list[dict[str, Any]]:
             "requests_per_s": _mean([r.requests_per_s or 0.0 for r in good]),
             "requests_per_s_each": [r.requests_per_s for r in good],
             "errors": sum(r.errors for r in group),
+            "hit_rate": _mean([r.hit_rate for r in good if r.hit_rate is not None]),
         }
         for key in ("p50", "p90", "p99", "max"):
             row[f"ttft_{key}_ms"] = _mean([r.ttft_ms[key] for r in good if key in r.ttft_ms])
@@ -308,9 +358,9 @@ def _fmt(value: float | None, spec: str = ".1f", suffix: str = "") -> str:
 def markdown(rows: list[dict[str, Any]], runs: list[ClientRun]) -> str:
     lines = [
         "| workload | concurrency | arm | requests/s | vs stock | TTFT p50 / p90 / p99 / max (ms)"
-        " | p99 vs stock | inter-token p50 / p99 (ms) | CPU ms/request: frontend / router /"
-        " workers | errors | failed runs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        " | p99 vs stock | inter-token p50 / p99 (ms) | hit rate | CPU ms/request: frontend /"
+        " router / workers | errors | failed runs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         ttft = " / ".join(_fmt(row[f"ttft_{k}_ms"], ",.0f") for k in ("p50", "p90", "p99", "max"))
@@ -321,7 +371,8 @@ def markdown(rows: list[dict[str, Any]], runs: list[ClientRun]) -> str:
             f"{_fmt(row['requests_per_s'])} | {_fmt(row['rps_vs_stock'], '.2f', 'x')} | {ttft} | "
             f"{_fmt(row['ttft_p99_vs_stock'], '.2f', 'x')} | "
             f"{_fmt(row.get('itl_p50_ms'), '.2f')} / {_fmt(row.get('itl_p99_ms'), '.2f')} | "
-            f"{cpu} | {row['errors']} | {row['failed_runs']} |")
+            f"{_fmt(row.get('hit_rate'), '.3f')} | {cpu} | {row['errors']} | "
+            f"{row['failed_runs']} |")
     ours = [r for r in runs if r.router is not None]
     if ours:
         lines += ["", "Our router after each run (programs retained, tracked requests, pauses "
@@ -350,11 +401,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arms", default=",".join(HEADLINE_ARMS),
                         help=f"comma-separated arms from {', '.join(ARM_NAMES)} "
                              "(default: stock,ours)")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS),
-                        help=f"comma-separated from {', '.join(WORKLOADS)} (default: both)")
+    parser.add_argument("--workloads", default="one-turn,multi-turn",
+                        help=f"comma-separated from {', '.join(WORKLOADS)} (default: "
+                             "one-turn,multi-turn)")
     parser.add_argument("--concurrency", default=None,
                         help="comma-separated concurrencies for every workload (default: "
-                             "one-turn 2,20,64; multi-turn 8,20,64)")
+                             "one-turn 2,20,64; multi-turn 8,20,64; agentic-code 4,8,16 "
+                             "sessions)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of each (workload, concurrency, arm), arms rotated")
     parser.add_argument("--policy", type=Path, default=None,
@@ -377,9 +430,25 @@ def _choices(text: str, allowed: tuple[str, ...] | list[str], what: str) -> list
     return items
 
 
+def prepare_agentic_code(workload: AgenticCodeWorkload, out: Path, aiperf: str,
+                         seed: int = 42) -> tuple[AgenticCodeWorkload, StackRegime, Path]:
+    """Size the workload's regime, synthesize its trace at the regime's scales and make the
+    tokenizer's hub cache, once for every arm; the workload with both set."""
+    regime = prepare_stack_regime(workload.regime, (out / "regime").resolve())
+    config = scaled_config(regime.token_scale, regime.time_scale, workload.block_size)
+    trace = synthesize(aiperf, config, (out / "trace").resolve(), sessions=workload.sessions,
+                       seed=seed, env=aiperf_env())
+    model = (out / "tokenizer-model").resolve()
+    build_tiny_model(model)
+    hub_cache = (out / "hub-cache").resolve()
+    tokenizer = tokenizer_cache(model, hub_cache)
+    return dataclasses.replace(workload, trace=trace, tokenizer=tokenizer), regime, hub_cache
+
+
 def run_clients_cli(args: argparse.Namespace) -> int:
     arms = _choices(args.arms, ARM_NAMES, "arms")
-    workloads = [WORKLOADS[w] for w in _choices(args.workloads, list(WORKLOADS), "workloads")]
+    workloads: list[Workload] = [WORKLOADS[w] for w in
+                                 _choices(args.workloads, list(WORKLOADS), "workloads")]
     if args.repeats < 1:
         raise SystemExit("error: --repeats must be >= 1")
     try:
@@ -398,13 +467,22 @@ def run_clients_cli(args: argparse.Namespace) -> int:
     out: Path = args.out or Path("bench-results") / f"clients-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
     runs: list[ClientRun] = []
-    for workload in workloads:
+    for index, workload in enumerate(workloads):
+        regime, hub_cache = None, None
+        if isinstance(workload, AgenticCodeWorkload):
+            try:
+                workload, regime, hub_cache = prepare_agentic_code(workload, out, aiperf)
+            except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as error:
+                print(f"error: {workload.name}: {error}", file=sys.stderr)
+                return 2
+            workloads[index] = workload
         for level in concurrency or workload.concurrency:
             for repeat in range(args.repeats):
                 shift = repeat % len(arms)  # rotate the order so noise is not one arm's bias
                 for arm in arms[shift:] + arms[:shift]:
                     run = run_one(arm, workload, level, repeat, out, aiperf=aiperf,
-                                  policy=args.policy, timeout_s=args.timeout)
+                                  policy=args.policy, timeout_s=args.timeout,
+                                  regime=regime, hub_cache=hub_cache)
                     runs.append(run)
                     if not args.json:
                         print(f"{workload.name} c{level} r{repeat} {arm}: "
@@ -417,7 +495,8 @@ def run_clients_cli(args: argparse.Namespace) -> int:
     report = {
         "command": " ".join(sys.argv),
         "aiperf": aiperf,
-        "workloads": {w.name: asdict(w) for w in workloads},
+        "workloads": {w.name: {k: str(v) if isinstance(v, Path) else v
+                               for k, v in asdict(w).items()} for w in workloads},
         "rows": rows,
         "runs": [asdict(r) for r in runs],
     }

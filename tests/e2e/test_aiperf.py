@@ -64,3 +64,27 @@ def test_aiperf_completes_every_request_and_ours_keeps_each_session_on_one_worke
     assert state["programs"] == ONE_TURN.conversations + MULTI_TURN.conversations, state
     assert state["programs_moved"] == 0, state
     assert state["counters"]["moves"] == 0, state
+
+
+def test_aiperf_agentic_code_sessions_end_cleanly_on_ours_in_the_calibrated_regime(
+        aiperf: str, tmp_path: Path) -> None:
+    """aiperf's own coding-agent sessions, synthesized and replayed as ``bench clients
+    --workloads agentic-code`` does (briefly): aiperf reports no error, and every request
+    the router saw ended in exactly one terminal state with nothing left tracked."""
+    from dynamo_thunderagent.bench.agentic_code import AgenticCodeWorkload
+    from dynamo_thunderagent.bench.clients import prepare_agentic_code, run_one
+    from dynamo_thunderagent.bench.reliability import _accounted
+
+    brief = AgenticCodeWorkload(sessions=12, duration_s=15)
+    workload, regime, hub_cache = prepare_agentic_code(brief, tmp_path, aiperf)
+    assert workload.trace is not None and workload.trace.is_file()
+    run = run_one("ours", workload, 4, 0, tmp_path, aiperf=aiperf, policy=None,
+                  timeout_s=240, regime=regime, hub_cache=hub_cache)
+    assert run.ok, run.failure
+    assert run.errors == 0 and run.completed > 0, run
+    assert run.hit_rate is not None and 0.0 < run.hit_rate <= 1.0, run
+    state = run.router
+    assert state is not None
+    assert _accounted(state), state  # every request in exactly one terminal state
+    assert state["tracked_requests"] == 0 and state["in_flight"] == 0, state
+    assert state["router"]["completed"] >= run.completed, (state, run)

@@ -20,8 +20,8 @@ from dynamo_thunderagent.bench.clients import (
 
 
 def test_both_workloads_put_the_session_id_on_every_request() -> None:
-    for workload in WORKLOADS.values():
-        flags = workload.flags()
+    for name in ("one-turn", "multi-turn"):  # agentic-code: tests/unit/test_agentic_code.py
+        flags = WORKLOADS[name].flags()
         assert flags[flags.index("--session-header") + 1] == SESSION_HEADER
     multi = WORKLOADS["multi-turn"].flags()
     assert multi[multi.index("--conversation-turn-delay-mean") + 1] == "400"
