@@ -11,9 +11,11 @@ first, and this project was never tuned on it.
 The distributions are those of the dataset aiperf ships (``1k_sessions_200k_ctx``; its
 ``manifest.json`` gives means, medians and maxima in real tokens and milliseconds), scaled
 by the regime's token and time scales (:func:`scaled_config`) so that one mocker token
-stands for as many real ones as in ``bench live``. Two departures, both because of
-aiperf 0.13 and both stated where they bite:
+stands for as many real ones as in ``bench live``. Three departures:
 
+* prompts stop at three quarters of one worker's KV pool (:data:`MAX_PROMPT_SHARE`; 200k real
+  tokens would be 20k mocker tokens, more than a calibrated worker holds, and every engine
+  refuses a prompt it cannot hold: stock and ours alike answered those turns with an error);
 * restarts are off (``restart_initial_probability`` 0): a restarted session reuses its
   parent's last, partial prefix block at a full block's size, which aiperf's replay
   rejects ("hash_id ... requested at 64 tokens but was already materialized at 45");
@@ -48,6 +50,11 @@ REAL_GROUP_TOKENS = 10_000  # a project context shared within a group of session
 GROUPS = {"num_groups": 100, "zipf_alpha": 0.6}
 REAL_SESSION_TOKENS = {"mean": 15000.0, "median": 5000.0, "max": 50000.0}  # unshared start
 
+# A session's prompt never passes this share of one worker's KV pool (a session that reaches
+# it retires, as one reaching the real 200k limit does). The SWE trace's largest context is
+# 73% of a calibrated worker's pool.
+MAX_PROMPT_SHARE = 0.75
+
 TOKENIZER_REPO = "local/stack-model"
 _SNAPSHOT = "0" * 40
 
@@ -56,14 +63,19 @@ def _scaled(values: dict[str, float], factor: float) -> dict[str, float]:
     return {key: value * factor for key, value in values.items()}
 
 
-def scaled_config(token_scale: float, time_scale: float, block_size: int) -> dict[str, Any]:
+def scaled_config(token_scale: float, time_scale: float, block_size: int,
+                  worker_kv_tokens: int) -> dict[str, Any]:
     """aiperf's agentic-code generator config at ``token_scale`` tokens and ``time_scale``
-    time: the shipped dataset's shape, in the regime's mocker tokens and clock.
+    time: the shipped dataset's shape, in the regime's mocker tokens and clock, its prompts
+    capped to fit a worker of ``worker_kv_tokens`` (:data:`MAX_PROMPT_SHARE`).
 
-    Raises ValueError for a scale or block size that is not positive.
+    Raises ValueError for a scale, block size or pool that is not positive.
     """
-    if token_scale <= 0 or time_scale <= 0 or block_size < 1:
-        raise ValueError("token_scale and time_scale must be > 0 and block_size >= 1")
+    if token_scale <= 0 or time_scale <= 0 or block_size < 1 or worker_kv_tokens < 1:
+        raise ValueError("token_scale and time_scale must be > 0, block_size and "
+                         "worker_kv_tokens >= 1")
+    max_prompt = min(math.ceil(REAL_MAX_PROMPT_TOKENS * token_scale),
+                     int(worker_kv_tokens * MAX_PROMPT_SHARE))
     return {
         "new_tokens_per_turn": {**_scaled(REAL_NEW_TOKENS_PER_TURN, token_scale), "bias": 1.0},
         "generation_length": _scaled(REAL_GENERATION_TOKENS, token_scale),
@@ -74,7 +86,7 @@ def scaled_config(token_scale: float, time_scale: float, block_size: int) -> dic
             "max": None,
         },
         "reset": dict(RESET),
-        "max_prompt_tokens": math.ceil(REAL_MAX_PROMPT_TOKENS * token_scale),
+        "max_prompt_tokens": max_prompt,
         "block_size": block_size,
         "cache": {
             "layer1_tokens": math.ceil(REAL_SHARED_TOKENS * token_scale),

@@ -435,7 +435,8 @@ def prepare_agentic_code(workload: AgenticCodeWorkload, out: Path, aiperf: str,
     """Size the workload's regime, synthesize its trace at the regime's scales and make the
     tokenizer's hub cache, once for every arm; the workload with both set."""
     regime = prepare_stack_regime(workload.regime, (out / "regime").resolve())
-    config = scaled_config(regime.token_scale, regime.time_scale, workload.block_size)
+    config = scaled_config(regime.token_scale, regime.time_scale, workload.block_size,
+                           regime.num_gpu_blocks * regime.block_size)
     trace = synthesize(aiperf, config, (out / "trace").resolve(), sessions=workload.sessions,
                        seed=seed, env=aiperf_env())
     model = (out / "tokenizer-model").resolve()

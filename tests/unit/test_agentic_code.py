@@ -23,7 +23,7 @@ from dynamo_thunderagent.bench.clients import SESSION_HEADER, WORKLOADS, hit_rat
 
 
 def test_tokens_follow_the_token_scale_and_gaps_the_time_scale() -> None:
-    config = scaled_config(0.1, 0.25, 64)
+    config = scaled_config(0.1, 0.25, 64, worker_kv_tokens=10**6)
     turn = config["new_tokens_per_turn"]
     assert turn["mean"] == pytest.approx(REAL_NEW_TOKENS_PER_TURN["mean"] * 0.1)
     assert turn["median"] == pytest.approx(REAL_NEW_TOKENS_PER_TURN["median"] * 0.1)
@@ -36,9 +36,15 @@ def test_tokens_follow_the_token_scale_and_gaps_the_time_scale() -> None:
     json.dumps(config)  # what aiperf reads
 
 
-@pytest.mark.parametrize("args", [(0.0, 1.0, 64), (0.1, -1.0, 64), (0.1, 0.25, 0)])
-def test_a_scale_or_block_size_that_is_not_positive_is_refused(
-        args: tuple[float, float, int]) -> None:
+def test_prompts_stop_at_three_quarters_of_a_worker_pool() -> None:
+    assert scaled_config(0.1, 0.25, 64, worker_kv_tokens=17_344)["max_prompt_tokens"] == 13_008
+    assert scaled_config(0.01, 0.25, 64, worker_kv_tokens=17_344)["max_prompt_tokens"] == 2000
+
+
+@pytest.mark.parametrize("args", [(0.0, 1.0, 64, 100), (0.1, -1.0, 64, 100),
+                                  (0.1, 0.25, 0, 100), (0.1, 0.25, 64, 0)])
+def test_a_scale_block_size_or_pool_that_is_not_positive_is_refused(
+        args: tuple[float, float, int, int]) -> None:
     with pytest.raises(ValueError, match="must be > 0"):
         scaled_config(*args)
 
@@ -76,7 +82,7 @@ def test_a_failed_synthesis_says_what_aiperf_said(tmp_path: Path) -> None:
     fake.write_text("#!/bin/sh\necho 'bad config: max_prompt_tokens' >&2\nexit 3\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     with pytest.raises(RuntimeError, match=r"rc=3.*bad config"):
-        synthesize(str(fake), scaled_config(0.1, 0.25, 64), tmp_path / "out", sessions=2,
+        synthesize(str(fake), scaled_config(0.1, 0.25, 64, 10_000), tmp_path / "out", sessions=2,
                    seed=1, env=dict(os.environ))
 
 
