@@ -368,7 +368,8 @@ def markdown(rows: list[dict[str, Any]], runs: list[ClientRun]) -> str:
                          for role in ("frontend", "router", "worker"))
         lines.append(
             f"| {row['workload']} | {row['concurrency']} | {row['arm']} | "
-            f"{_fmt(row['requests_per_s'])} | {_fmt(row['rps_vs_stock'], '.2f', 'x')} | {ttft} | "
+            f"{_fmt(row['requests_per_s'], '.2f')} | {_fmt(row['rps_vs_stock'], '.2f', 'x')} | "
+            f"{ttft} | "
             f"{_fmt(row['ttft_p99_vs_stock'], '.2f', 'x')} | "
             f"{_fmt(row.get('itl_p50_ms'), '.2f')} / {_fmt(row.get('itl_p99_ms'), '.2f')} | "
             f"{_fmt(row.get('hit_rate'), '.3f')} | {cpu} | {row['errors']} | "
