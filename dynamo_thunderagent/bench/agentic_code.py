@@ -27,7 +27,6 @@ stands for as many real ones as in ``bench live``. Three departures:
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -63,6 +62,10 @@ def _scaled(values: dict[str, float], factor: float) -> dict[str, float]:
     return {key: value * factor for key, value in values.items()}
 
 
+def _tokens(real: float, factor: float) -> int:
+    return round(real * factor)  # round, not ceil: 200000 * 0.07 is 14000.000000000002
+
+
 def scaled_config(token_scale: float, time_scale: float, block_size: int,
                   worker_kv_tokens: int) -> dict[str, Any]:
     """aiperf's agentic-code generator config at ``token_scale`` tokens and ``time_scale``
@@ -74,7 +77,7 @@ def scaled_config(token_scale: float, time_scale: float, block_size: int,
     if token_scale <= 0 or time_scale <= 0 or block_size < 1 or worker_kv_tokens < 1:
         raise ValueError("token_scale and time_scale must be > 0, block_size and "
                          "worker_kv_tokens >= 1")
-    max_prompt = min(math.ceil(REAL_MAX_PROMPT_TOKENS * token_scale),
+    max_prompt = min(_tokens(REAL_MAX_PROMPT_TOKENS, token_scale),
                      int(worker_kv_tokens * MAX_PROMPT_SHARE))
     return {
         "new_tokens_per_turn": {**_scaled(REAL_NEW_TOKENS_PER_TURN, token_scale), "bias": 1.0},
@@ -89,8 +92,8 @@ def scaled_config(token_scale: float, time_scale: float, block_size: int,
         "max_prompt_tokens": max_prompt,
         "block_size": block_size,
         "cache": {
-            "layer1_tokens": math.ceil(REAL_SHARED_TOKENS * token_scale),
-            "layer1_5_tokens": math.ceil(REAL_GROUP_TOKENS * token_scale),
+            "layer1_tokens": _tokens(REAL_SHARED_TOKENS, token_scale),
+            "layer1_5_tokens": _tokens(REAL_GROUP_TOKENS, token_scale),
             "layer2": _scaled(REAL_SESSION_TOKENS, token_scale),
             "layer1_5_groups": dict(GROUPS),
         },
@@ -100,23 +103,54 @@ def scaled_config(token_scale: float, time_scale: float, block_size: int,
 
 def synthesize(aiperf: str, config: dict[str, Any], out: Path, *, sessions: int, seed: int,
                env: dict[str, str]) -> Path:
-    """Run ``aiperf synthesize agentic-code`` for ``config``; the trace it wrote.
+    """Run ``aiperf synthesize agentic-code`` for ``config``; the trace it wrote (the one new
+    trace under ``out``: a trace left there by an earlier run is never taken for it), checked
+    by :func:`check_blocks`.
 
-    Raises RuntimeError with aiperf's last output when it fails or writes no trace.
+    Raises RuntimeError with aiperf's last output when it fails or writes no new trace, and
+    ValueError when the trace is one aiperf's replay would reject.
     """
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "agentic-code-config.json"
     config_path.write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
     command = [aiperf, "synthesize", "agentic-code", "--config", str(config_path),
                "--num-sessions", str(sessions), "--seed", str(seed), "--output", str(out)]
+    before = set(out.glob("*/dataset.jsonl"))
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600,
                           check=False)
-    traces = sorted(out.glob("*/dataset.jsonl"))
-    if done.returncode != 0 or not traces:
+    traces = sorted(set(out.glob("*/dataset.jsonl")) - before)
+    if done.returncode != 0 or len(traces) != 1:
         tail = (done.stdout + done.stderr)[-800:]
-        raise RuntimeError(f"aiperf synthesize agentic-code failed (rc={done.returncode}): "
-                           f"{tail}")
-    return traces[-1]
+        raise RuntimeError(f"aiperf synthesize agentic-code failed (rc={done.returncode}, "
+                           f"{len(traces)} new traces): {tail}")
+    check_blocks(traces[0], int(config["block_size"]))
+    return traces[0]
+
+
+def check_blocks(trace: Path, block_size: int) -> None:
+    """Every prefix hash of ``trace`` names one block size, as aiperf's replay requires.
+
+    A turn's prompt is its hashes' blocks, all full but the last; a hash that ends one turn
+    part-full and sits whole inside another (a shared context whose length is not a
+    multiple of ``block_size``, cut by a session's start) is refused by the replay at
+    startup. This says which, before any stack is started.
+
+    Raises ValueError naming the first such hash.
+    """
+    sizes: dict[int, int] = {}
+    with trace.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            turn = json.loads(line)
+            hashes, length = turn.get("hash_ids") or [], int(turn["input_length"])
+            for index, block in enumerate(hashes):
+                size = (length - block_size * (len(hashes) - 1) if index == len(hashes) - 1
+                        else block_size)
+                if sizes.setdefault(block, size) != size:
+                    raise ValueError(
+                        f"{trace}: line {number}: prefix hash {block} is {size} tokens here "
+                        f"and {sizes[block]} tokens earlier; aiperf's replay needs one size "
+                        f"per hash (another --seed, or shared contexts in whole blocks of "
+                        f"{block_size})")
 
 
 def tokenizer_cache(model_path: Path, cache_dir: Path) -> str:
@@ -143,11 +177,12 @@ class AgenticCodeWorkload:
     name: str = "agentic-code"
     sessions: int = 400
     duration_s: int = 120
+    grace_s: int = 30
     concurrency: tuple[int, ...] = (4, 8, 16)
     regime: str = "calibrated"
     block_size: int = 64  # prompt tokens per prefix hash (4 KV blocks of 16)
     trace: Path | None = None  # set once synthesized
-    tokenizer: str | None = None  # set once the cache is made
+    hub_cache: Path | None = None  # set once the tokenizer's cache is made (tokenizer_cache)
 
     def flags(self) -> list[str]:
         if self.trace is None:
@@ -160,9 +195,21 @@ class AgenticCodeWorkload:
             # once; sessions are paced by --concurrency instead, as agent benchmarks run.
             "--no-fixed-schedule",
             "--benchmark-duration", str(self.duration_s),
+            # aiperf's default, said here: turns still in flight this long after the window
+            # are dropped (not counted as errors), and requests/s is then over window + grace.
+            "--benchmark-grace-period", str(self.grace_s),
             "--extra-inputs", "ignore_eos:true",
             "--session-header", SESSION_HEADER,
         ]
 
-    def env(self, base: dict[str, str], cache_dir: Path) -> dict[str, str]:
-        return {**base, "HF_HUB_CACHE": str(cache_dir), "HF_HUB_OFFLINE": "1"}
+    @property
+    def tokenizer(self) -> str | None:
+        """The repo id aiperf loads the tokenizer by (None until the cache is made)."""
+        return None if self.hub_cache is None else TOKENIZER_REPO
+
+    def env_overrides(self) -> dict[str, str]:
+        """What aiperf's environment needs beyond the usual: the tokenizer's hub cache, in
+        offline mode (see the module docstring); nothing until the cache is made."""
+        if self.hub_cache is None:
+            return {}
+        return {"HF_HUB_CACHE": str(self.hub_cache), "HF_HUB_OFFLINE": "1"}

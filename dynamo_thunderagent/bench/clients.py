@@ -6,8 +6,8 @@ X-Dynamo-Session-ID``) and never sends ``X-Dynamo-Session-Final``: every convers
 stops. This command runs the same aiperf command line against a fresh local stack of each arm
 (stock KV routing, ours, and optionally the ports), for each workload and concurrency, in an
 order rotated between repeats, and reports requests/s, TTFT percentiles and errors side by
-side, with ours' ratios to stock and the router's state after the run (programs retained,
-tracked requests, pauses).
+side, with ours' ratios to stock, the hit rate the frontend counted, and the router's state
+after the run (programs retained, tracked requests, pauses).
 
 Workloads (the exact aiperf flags are in :data:`WORKLOADS`):
 
@@ -24,7 +24,8 @@ because its dependencies (transformers, pandas, ...) are not the Dynamo processe
 
 Each run also reports the CPU time each role of the stack spent on its requests (frontend,
 router, workers), read from ``/proc`` around the aiperf run: the router's hop, priced.
-(About 420 lines: the workloads, the run, the summary and its table are one command.)
+(About 520 lines: the workloads, the run, the summary and its table are one command; the
+agentic-code workload's own parts are in ``bench/agentic_code.py``.)
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -200,19 +202,19 @@ def parse_summary(path: Path) -> dict[str, Any]:
 
 
 def run_aiperf(stack: LocalStack, workload: Workload, concurrency: int, artifacts: Path,
-               *, aiperf: str, timeout_s: float = 300.0, seed: int = 42,
-               hub_cache: Path | None = None) -> dict[str, Any]:
-    """Run aiperf once against ``stack``; the parsed summary plus ``returncode``/``failure``."""
+               *, aiperf: str, timeout_s: float = 300.0, seed: int = 42) -> dict[str, Any]:
+    """Run aiperf once against ``stack``; the parsed summary plus ``returncode``/``failure``.
+    ``command.txt`` beside the results holds the command line, prefixed with the environment
+    it needs beyond the usual, so that it reruns by hand."""
     artifacts.mkdir(parents=True, exist_ok=True)
     command = aiperf_command(aiperf, stack, workload, concurrency, artifacts, seed)
-    (artifacts / "command.txt").write_text(" ".join(command) + "\n", encoding="utf-8")
+    extra = workload.env_overrides() if isinstance(workload, AgenticCodeWorkload) else {}
+    (artifacts / "command.txt").write_text(
+        shlex.join([f"{k}={v}" for k, v in extra.items()] + command) + "\n", encoding="utf-8")
     with open(artifacts / "aiperf.log", "wb") as log:
         # Its own process group: aiperf runs worker processes, and a timeout must stop them all.
-        env = aiperf_env()
-        if isinstance(workload, AgenticCodeWorkload) and hub_cache is not None:
-            env = workload.env(env, hub_cache)
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   env=env, start_new_session=True)
+                                   env={**aiperf_env(), **extra}, start_new_session=True)
         try:
             returncode = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -283,7 +285,7 @@ def cpu_by_role(stack: LocalStack) -> dict[str, float]:
 
 def run_one(arm: str, workload: Workload, concurrency: int, repeat: int, out: Path,
             *, aiperf: str, policy: Path | None, timeout_s: float,
-            regime: StackRegime | None = None, hub_cache: Path | None = None) -> ClientRun:
+            regime: StackRegime | None = None) -> ClientRun:
     """A fresh stack of ``arm`` (sized and timed as ``regime`` when given), one aiperf run,
     the router's state and the hit rate, the stack stopped."""
     name = f"{workload.name}-c{concurrency}-r{repeat}-{arm}"
@@ -296,7 +298,7 @@ def run_one(arm: str, workload: Workload, concurrency: int, repeat: int, out: Pa
         with LocalStack(config) as stack:
             before = cpu_by_role(stack)
             outcome = run_aiperf(stack, workload, concurrency, out / "aiperf" / name,
-                                 aiperf=aiperf, timeout_s=timeout_s, hub_cache=hub_cache)
+                                 aiperf=aiperf, timeout_s=timeout_s)
             after = cpu_by_role(stack)
             result.cpu_s = {role: after[role] - before[role] for role in after if role in before}
             result.router = router_state(stack)
@@ -432,9 +434,9 @@ def _choices(text: str, allowed: tuple[str, ...] | list[str], what: str) -> list
 
 
 def prepare_agentic_code(workload: AgenticCodeWorkload, out: Path, aiperf: str,
-                         seed: int = 42) -> tuple[AgenticCodeWorkload, StackRegime, Path]:
+                         seed: int = 42) -> tuple[AgenticCodeWorkload, StackRegime]:
     """Size the workload's regime, synthesize its trace at the regime's scales and make the
-    tokenizer's hub cache, once for every arm; the workload with both set."""
+    tokenizer's hub cache, once for every arm; the workload with both set, and the regime."""
     regime = prepare_stack_regime(workload.regime, (out / "regime").resolve())
     config = scaled_config(regime.token_scale, regime.time_scale, workload.block_size,
                            regime.num_gpu_blocks * regime.block_size)
@@ -443,8 +445,8 @@ def prepare_agentic_code(workload: AgenticCodeWorkload, out: Path, aiperf: str,
     model = (out / "tokenizer-model").resolve()
     build_tiny_model(model)
     hub_cache = (out / "hub-cache").resolve()
-    tokenizer = tokenizer_cache(model, hub_cache)
-    return dataclasses.replace(workload, trace=trace, tokenizer=tokenizer), regime, hub_cache
+    tokenizer_cache(model, hub_cache)
+    return dataclasses.replace(workload, trace=trace, hub_cache=hub_cache), regime
 
 
 def run_clients_cli(args: argparse.Namespace) -> int:
@@ -468,23 +470,25 @@ def run_clients_cli(args: argparse.Namespace) -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out: Path = args.out or Path("bench-results") / f"clients-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
-    runs: list[ClientRun] = []
+    # Prepared before any run, so that a trace that cannot be made loses no finished run.
+    regimes: dict[str, StackRegime] = {}
     for index, workload in enumerate(workloads):
-        regime, hub_cache = None, None
         if isinstance(workload, AgenticCodeWorkload):
             try:
-                workload, regime, hub_cache = prepare_agentic_code(workload, out, aiperf)
+                workloads[index], regimes[workload.name] = prepare_agentic_code(
+                    workload, out, aiperf)
             except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as error:
                 print(f"error: {workload.name}: {error}", file=sys.stderr)
                 return 2
-            workloads[index] = workload
+    runs: list[ClientRun] = []
+    for workload in workloads:
         for level in concurrency or workload.concurrency:
             for repeat in range(args.repeats):
                 shift = repeat % len(arms)  # rotate the order so noise is not one arm's bias
                 for arm in arms[shift:] + arms[:shift]:
                     run = run_one(arm, workload, level, repeat, out, aiperf=aiperf,
                                   policy=args.policy, timeout_s=args.timeout,
-                                  regime=regime, hub_cache=hub_cache)
+                                  regime=regimes.get(workload.name))
                     runs.append(run)
                     if not args.json:
                         print(f"{workload.name} c{level} r{repeat} {arm}: "

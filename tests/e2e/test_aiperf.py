@@ -1,11 +1,13 @@
 """aiperf, the benchmark client Dynamo users run first, against stock and ours on the real stack.
 
-Brief versions of ``bench clients``' two workloads (one-turn conversations, and multi-turn
-conversations that never send session-final), each with a session id on every request. What
-is checked is what must hold on any machine: every request completes with no error on both
-arms, and on ours every turn of a conversation stayed on one worker, nothing is left tracked
-and the conversations' programs no longer wait for room. The throughput comparison is a
-benchmark (``dynamo-thunderagent bench clients``, docs/benchmarks.md), not a test.
+Brief versions of ``bench clients``' workloads (one-turn conversations, multi-turn
+conversations that never send session-final, and aiperf's agentic-code sessions), each with a
+session id on every request. What is checked is what must hold on any machine: every
+request completes with no error on both arms, and on ours every turn of a conversation
+stayed on one worker, nothing is left tracked and the conversations' programs no longer wait
+for room (for the agentic-code sessions: every request ended in one terminal state). The
+throughput comparison is a benchmark (``dynamo-thunderagent bench clients``,
+docs/benchmarks.md), not a test.
 """
 
 from __future__ import annotations
@@ -76,10 +78,10 @@ def test_aiperf_agentic_code_sessions_end_cleanly_on_ours_in_the_calibrated_regi
     from dynamo_thunderagent.bench.reliability import _accounted
 
     brief = AgenticCodeWorkload(sessions=12, duration_s=15)
-    workload, regime, hub_cache = prepare_agentic_code(brief, tmp_path, aiperf)
+    workload, regime = prepare_agentic_code(brief, tmp_path, aiperf)
     assert workload.trace is not None and workload.trace.is_file()
     run = run_one("ours", workload, 4, 0, tmp_path, aiperf=aiperf, policy=None,
-                  timeout_s=240, regime=regime, hub_cache=hub_cache)
+                  timeout_s=240, regime=regime)
     assert run.ok, run.failure
     assert run.errors == 0 and run.completed > 0, run
     assert run.hit_rate is not None and 0.0 < run.hit_rate <= 1.0, run

@@ -19,7 +19,7 @@ from dynamo_thunderagent.bench.clients import (
 )
 
 
-def test_both_workloads_put_the_session_id_on_every_request() -> None:
+def test_the_synthetic_workloads_put_the_session_id_on_every_request() -> None:
     for name in ("one-turn", "multi-turn"):  # agentic-code: tests/unit/test_agentic_code.py
         flags = WORKLOADS[name].flags()
         assert flags[flags.index("--session-header") + 1] == SESSION_HEADER

@@ -2,9 +2,10 @@
 
 Each of ``--sessions`` agents repeats a step for ``--window`` seconds: ``--calls`` chat
 requests sent at once with the agent's session id (a system prompt and the last eight tool
-outputs, one more each step; a different question per call), then the next step once all of them have answered; at the
-end, X-Dynamo-Session-Final. Prints requests/s and step latency (the slowest call of the
-step) per arm, the mean of ``--repeats`` runs (each run's figures too).
+outputs, one more each step; a different question per call), then the next step once all
+of them have answered; at the end, X-Dynamo-Session-Final. Prints requests/s and step
+latency (the slowest call of the step) per arm, the mean of ``--repeats`` runs (each run's
+figures too).
 
     .venv/bin/python docs/benchmarks/parallel-20261201/parallel_calls.py \\
         --arms stock,ours,ours:queue=policies/ablations/minus_concurrent_turns.yaml
