@@ -46,6 +46,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from dynamo_thunderagent.bench.agentic_code import (
     AgenticCodeWorkload,
     scaled_config,
@@ -255,13 +257,14 @@ def router_state(stack: LocalStack) -> dict[str, Any] | None:
 
 def hit_rate_from_metrics(text: str) -> float | None:
     """Cached over all prompt tokens, from the frontend's Prometheus text (None: no prompt)."""
-    sums: dict[str, float] = {}
-    for line in text.splitlines():
-        for name in ("cached_tokens", "input_sequence_tokens"):
-            if line.startswith(f"dynamo_frontend_{name}_sum"):
-                sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    prompt = sums.get("input_sequence_tokens", 0.0)
-    return sums.get("cached_tokens", 0.0) / prompt if prompt > 0 else None
+    wanted = {"dynamo_frontend_cached_tokens_sum", "dynamo_frontend_input_sequence_tokens_sum"}
+    sums = dict.fromkeys(wanted, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                sums[sample.name] += sample.value
+    prompt = sums["dynamo_frontend_input_sequence_tokens_sum"]
+    return sums["dynamo_frontend_cached_tokens_sum"] / prompt if prompt > 0 else None
 
 
 def frontend_hit_rate(stack: LocalStack) -> float | None:
