@@ -252,6 +252,7 @@ def router_state(stack: LocalStack) -> dict[str, Any] | None:
                    ("requests", "passthrough", "completed", "aborted", "rejected",
                     "session_final", "cancelled", "orphans", "errors")},
         "usage_tokens": {rank: r["usage_tokens"] for rank, r in scheduler["ranks"].items()},
+        "costs": scheduler.get("costs"),  # the engine costs the pause rule priced with
     }
 
 
