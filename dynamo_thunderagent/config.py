@@ -173,6 +173,18 @@ class ThunderAgentParameters(_Strict):
     max_wait_seconds: float | None = Field(None, gt=0.0, le=7 * DAY)
     """Aging bound: a turn deferred this long goes to the head of the resume order and
     reserves room (nothing behind it resumes until it fits). None: off."""
+    aging_makes_room: bool = False
+    """With ``max_wait_seconds``: a turn that has waited that long has room made for it.
+    Reserving room only keeps others from taking what frees up; on a rank below its pause
+    threshold nothing frees up until a resident program ends, so the wait had no bound
+    but ``resume_timeout_seconds``. Instead, at each tick, the pause rule pauses ACTING
+    programs of the aged turn's rank (its home, else the rank with the most room) until it
+    fits below the resume level, and marks REASONING ones if that is not enough: a
+    program whose turn has waited that long goes before one idle in a tool call. Only
+    programs whose pause pays (the cost model) and that are past ``min_residency_seconds``
+    give way, the smallest first. The longest wait is then about ``max_wait_seconds`` plus
+    a tick and a turn, at a price in throughput where programs are large (docs/benchmarks.md,
+    "Bounded waits"). False (parity): aging only reserves."""
     min_residency_seconds: float = Field(0.0, ge=0.0, le=DAY)
     """A program resumed or admitted less than this long ago is not paused (churn guard)."""
     idle_horizon_factor: float | None = Field(None, gt=0.0, le=1000.0)
@@ -274,6 +286,12 @@ class ThunderAgentParameters(_Strict):
                 f"max_wait_seconds ({self.max_wait_seconds}) must be finite and below "
                 f"resume_timeout_seconds ({self.resume_timeout_seconds})"
             )
+        if self.aging_makes_room and self.max_wait_seconds is None:
+            raise ValueError("aging_makes_room needs max_wait_seconds (the wait after which "
+                             "room is made); set it, or turn aging_makes_room off")
+        if self.aging_makes_room and self.pause_rule == "upstream":
+            raise ValueError("aging_makes_room works with pause_rule parity only (the "
+                             "upstream rule has no aging); turn one of them off")
         if self.resume_hysteresis > self.pause_threshold:
             raise ValueError(
                 f"resume_hysteresis ({self.resume_hysteresis}) must be <= pause_threshold "

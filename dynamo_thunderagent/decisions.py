@@ -50,6 +50,7 @@ class PauseReason(enum.Enum):
     TOOL_BOUNDARY = "tool_boundary"  # marked while REASONING; paused when its turn ended
     NO_ROOM = "no_room"  # its new turn fits no rank, or programs already wait for room
     IDLE = "idle"  # dormant (past its idle horizon): gives way first
+    AGING = "aging"  # gives way to a turn that waited max_wait_seconds (aging_makes_room)
 
 
 @dataclass(frozen=True)

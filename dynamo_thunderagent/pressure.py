@@ -43,6 +43,11 @@ class PauseRule(Protocol):
              batch: float) -> PausePlan:
         """``batch``: turns running per worker/rank (for the cost model)."""
 
+    def make_room(self, table: ProgramTable, worker: WorkerKey, limit: float, now: float,
+                  batch: float) -> PausePlan:
+        """Programs of ``worker`` to pause, then to mark, until its usage is at most
+        ``limit`` tokens (``aging_makes_room``: room for a turn that waited too long)."""
+
 
 class ParityPauseRule:
     """The paper's rule, with its ingredients chosen once from the parameters."""
@@ -96,6 +101,37 @@ class ParityPauseRule:
                 plan.mark.append(program)
         return plan
 
+    def make_room(self, table: ProgramTable, worker: WorkerKey, limit: float, now: float,
+                  batch: float) -> PausePlan:
+        """Pause ACTING programs of ``worker``, then mark REASONING ones, until its usage
+        is at most ``limit``: the same programs give way, in the same order, as under
+        pressure (past ``min_residency_seconds``, their pause paying, ``pause_order``);
+        already marked ones count as gone. (Largest first would pause fewer programs; in
+        the simulator it was no better.)"""
+        plan = PausePlan()
+        charge = self._charge(now)
+        members = table.members(worker)
+        usage = table.decayed_usage(worker, now) if self.decay else table.usage(worker)
+        usage -= sum(charge(p) for p in members if p.marked_for_pause)
+        if usage <= limit:
+            return plan
+        residency = self.residency
+        eligible = [p for p in members
+                    if not p.marked_for_pause and not p.yielded
+                    and not (p.phase is Phase.ACTING and residency
+                             and p.active_since is not None
+                             and now - p.active_since < residency)
+                    and self.costs.pause_pays(p.tokens, batch)]
+        orders = ((Phase.ACTING, plan.pause, self._victim_order(now)),
+                  (Phase.REASONING, plan.mark, _smallest))
+        for phase, chosen, order in orders:
+            for program in sorted((p for p in eligible if p.phase is phase), key=order):
+                if usage <= limit:
+                    return plan
+                usage -= charge(program)
+                chosen.append(program)
+        return plan
+
     def _engine_evicts(self, worker: WorkerKey) -> bool:
         """Whether ``worker``'s engine is seen to lose cache (``pause_min_cache_loss``;
         True while unmeasured, or without the parameter)."""
@@ -120,6 +156,10 @@ class ParityPauseRule:
                 return (-max(0.0, p.max_gap - ran), p.tokens, p.seq)
             return expected_back
         return lambda p: (0.0, p.tokens, p.seq)
+
+
+def _smallest(program: Program) -> tuple[float, int, int]:
+    return (0.0, program.tokens, program.seq)
 
 
 class UpstreamPauseRule:
@@ -150,6 +190,12 @@ class UpstreamPauseRule:
             plan.mark.extend(p for p in members
                              if p.phase is Phase.REASONING and not p.marked_for_pause)
         return plan
+
+
+    def make_room(self, table: ProgramTable, worker: WorkerKey, limit: float, now: float,
+                  batch: float) -> PausePlan:
+        """The upstream proxy makes no room for a waiting turn (it has no aging)."""
+        return PausePlan()
 
 
 def pause_rule(params: ThunderAgentParameters, model: UsageModel, costs: CostModel,

@@ -67,6 +67,7 @@ class ResumePlanner:
         self.affinity = params.resume_affinity or params.price_moves
         self.price_moves = params.price_moves
         self.max_wait = params.max_wait_seconds
+        self.make_room = params.aging_makes_room
         self.least_busy = params.placement == "least_busy"
         self.costs = costs
 
@@ -104,16 +105,22 @@ class ResumePlanner:
             if not self.costs.pause_pays(program.tokens, batch):
                 chosen.append(program)  # holding it back saves nothing: resume it anyway
                 free -= need
-            elif need <= free:
+            elif need <= free and (not self.make_room or not self.aged(program, now)
+                                   or max(room.values()) >= need):
                 chosen.append(program)
                 free -= need
             elif self.aged(program, now):
-                break  # reserve the room that is left for the longest waiter
+                # Reserve the room that is left for the longest waiter: its turn runs on
+                # one rank, so room split between ranks is not room for it.
+                break
         # Most room first; ties to the lower worker/rank. A heap keeps each placement
         # O(log ranks) at fleet scale; entries whose room changed are stale and skipped.
         heap = [(-r, w) for w, r in room.items()]
         heapq.heapify(heap)
-        for program in sorted(chosen, key=lambda p: (-p.tokens, p.seq)):
+        # The longest waiters are placed first, so that a larger program chosen behind
+        # them cannot take the one rank's room they were chosen for.
+        for program in sorted(chosen, key=lambda p: (
+                not (self.make_room and self.aged(p, now)), -p.tokens, p.seq)):
             need = self._need(program, largest)
             home = program.worker if program.worker in room else None
             pays = self.costs.pause_pays(program.tokens, batch)
@@ -178,6 +185,10 @@ class ResumePlanner:
             room[worker] -= self._need(program, largest)
             plan.resumptions.append(Resumption(program, worker, released_evicting=True))
         return rest
+
+    def need(self, program: Program, capacity: Capacity) -> float:
+        """The room ``program`` takes when it resumes (see :meth:`_need`)."""
+        return self._need(program, capacity.largest * self.level)
 
     def _need(self, program: Program, largest: float) -> float:
         """The room ``program`` takes when it resumes: its tokens and

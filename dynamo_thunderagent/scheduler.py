@@ -87,7 +87,8 @@ class Scheduler:
         self.counters = {"pauses": 0, "idle_pauses": 0, "resumes": 0, "forced_resumes": 0,
                          "moves": 0, "priced_moves": 0, "move_price_ms": 0, "held_home": 0,
                          "expired": 0, "evicted": 0, "rejected": 0, "yields": 0,
-                         "released_evicting": 0, "alongside": 0}
+                         "released_evicting": 0, "alongside": 0,
+                         "aging_pauses": 0, "aging_marks": 0}
         # acting_yield_factor's horizon in seconds (None: off or not measured; _set_hold).
         self.yield_seconds: float | None = None
         # PAUSED programs whose turn waits for room: the only programs that hold a new
@@ -533,10 +534,14 @@ class Scheduler:
             self.resume_waiting(now, d)
 
     # ---- pause / resume --------------------------------------------------------
-    def _pause(self, program: Program, now: float, d: Decisions, *, idle: bool = False) -> None:
-        """Pause ``program``; ``idle``: it is dormant and gives way (counted apart)."""
+    def _pause(self, program: Program, now: float, d: Decisions, *, idle: bool = False,
+               aging: bool = False) -> None:
+        """Pause ``program``; ``idle``: it is dormant and gives way (counted apart);
+        ``aging``: it gives way to a turn that waited ``max_wait_seconds``."""
         if idle:
             reason = PauseReason.IDLE
+        elif aging:
+            reason = PauseReason.AGING
         elif program.marked_for_pause:
             reason = PauseReason.TOOL_BOUNDARY
         elif program.current is not None:
@@ -627,6 +632,7 @@ class Scheduler:
         self._sweep(now, d)
         self._set_hold()
         self.idle.find_dormant(now)
+        self._make_room_for_aged(now, d)
         self.resume_waiting(now, d)
         self._force_overdue(now, d)
         self._relieve_pressure(now, d)
@@ -697,6 +703,34 @@ class Scheduler:
         if program.yielded:
             program.resident_prompt_tokens = 0  # the engine may evict it: nothing expected
             self.counters["yields"] += 1
+
+    def _make_room_for_aged(self, now: float, d: Decisions) -> None:
+        """``aging_makes_room``: each turn that has waited ``max_wait_seconds`` (oldest
+        first) gets room on its home rank, or on the one with the most room if it has no
+        live home: the pause rule pauses and marks programs there until the turn fits
+        below the resume level, rooms already made this tick counted."""
+        if not self.params.aging_makes_room or not self._deferred:
+            return
+        known = self.capacity.known
+        aged = sorted((p for p in self._deferred.values() if self.planner.aged(p, now)),
+                      key=lambda p: (p.deferred_since or 0.0, p.seq))
+        booked: dict[WorkerKey, float] = {}
+        for program in aged:
+            worker = (program.worker if program.worker in known
+                      else self.planner.most_room(self.table, self.capacity, now))
+            if worker is None:
+                return  # capacity unknown: nothing to make room in
+            booked[worker] = booked.get(worker, 0.0) + self.planner.need(program,
+                                                                          self.capacity)
+            limit = known[worker] * self.planner.level - booked[worker]
+            plan = self.pause_rule.make_room(self.table, worker, limit, now, self.batch)
+            for victim in plan.pause:
+                self.counters["aging_pauses"] += 1
+                self._pause(victim, now, d, aging=True)
+            for victim in plan.mark:
+                self.counters["aging_marks"] += 1
+                victim.marked_for_pause = True
+                d.marked.append(victim.session_id)
 
     def _force_overdue(self, now: float, d: Decisions) -> None:
         """A deferral never outlives resume_timeout while a live worker exists."""

@@ -23,14 +23,16 @@ from dynamo_thunderagent.config import load_policy_yaml
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY, PARITY_POLICY, POLICY_DIR
 
 ABLATION_DIR = POLICY_DIR / "ablations"
-# Extensions the extended policy leaves off: ablation label -> (parameter, value tried).
-LEFT_OFF: dict[str, tuple[str, Any]] = {
-    "pressure_decay": ("pressure_decay", True),
-    "pause_order": ("pause_order", "longest_idle"),
-    "expected_return": ("pause_order", "expected_return"),
-    "cache_loss_gate": ("pause_min_cache_loss", 0.05),
-    "acting_hold": ("acting_hold_factor", 1.0),
-    "acting_yield": ("acting_yield_factor", 1.0),
+# Extensions the extended policy leaves off: ablation label -> the parameters tried (with
+# what they need: aging_makes_room works on max_wait_seconds, which parity leaves off).
+LEFT_OFF: dict[str, dict[str, Any]] = {
+    "pressure_decay": {"pressure_decay": True},
+    "pause_order": {"pause_order": "longest_idle"},
+    "expected_return": {"pause_order": "expected_return"},
+    "cache_loss_gate": {"pause_min_cache_loss": 0.05},
+    "acting_hold": {"acting_hold_factor": 1.0},
+    "acting_yield": {"acting_yield_factor": 1.0},
+    "aging_makes_room": {"aging_makes_room": True, "max_wait_seconds": 60},
 }
 
 
@@ -56,9 +58,9 @@ def ablations() -> dict[str, dict[str, Any]]:
         out[f"plus_{name}"] = _with_parameters(parity, {**base, name: full[name]})
         out[f"minus_{name}"] = _with_parameters(
             extended, {k: v for k, v in full.items() if k != name})
-    for label, (name, value) in sorted(LEFT_OFF.items()):
-        out[f"plus_{label}"] = _with_parameters(parity, {**base, name: value})
-        out[f"with_{label}"] = _with_parameters(extended, {**full, name: value})
+    for label, tried in sorted(LEFT_OFF.items()):
+        out[f"plus_{label}"] = _with_parameters(parity, {**base, **tried})
+        out[f"with_{label}"] = _with_parameters(extended, {**full, **tried})
     out["minus_host_tier"] = _with_parameters(extended, {**full, "host_kv_blocks": 0})
     return out
 

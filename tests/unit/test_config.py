@@ -60,6 +60,11 @@ def test_default_policy_uses_only_parameters_dynamo_knows() -> None:
          "pause_target (0.99) must be <= pause_threshold"),
         ("request_classifier: {type: thunderagent, parameters: {resume_timeout_seconds: 0}}\n",
          "resume_timeout_seconds: Input should be greater than 0"),
+        ("request_classifier: {type: thunderagent, parameters: {aging_makes_room: true}}\n",
+         "aging_makes_room needs max_wait_seconds"),
+        ("request_classifier: {type: thunderagent, parameters: {aging_makes_room: true, "
+         "max_wait_seconds: 60, pause_rule: upstream}}\n",
+         "aging_makes_room works with pause_rule parity only"),
         ("request_classifier: {type: thunderagent, parameters: {acting_decay_tau_seconds: .inf}}\n",
          "acting_decay_tau_seconds"),
         ("request_classifier: {type: thunderagent, parameters: {max_tracked_requests: 0}}\n",

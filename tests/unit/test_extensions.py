@@ -679,3 +679,102 @@ def test_a_turn_alongside_goes_to_no_worker_in_particular_when_its_sessions_is_g
     h.scheduler.sent(first, W1, h.now)  # served by a rank that is not (or no longer) live
     second, d = h.turn("s", 800)
     assert d.outcome(second) == Release(second, None, tracked=False)
+
+
+def _aged_behind_a_hog(make_room: bool, **params: object) -> tuple[Harness, str]:
+    """``hog`` (600 tokens) is ACTING on W0 (capacity 1,000, resume level 850); ``big``
+    (700) has waited past max_wait for room that a rank below its threshold never frees."""
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, max_wait_seconds=60,
+             resume_timeout_seconds=600, aging_makes_room=make_room, **params)
+    h.workers({W0: 1_000})
+    h.acting_on("hog", W0, 600)
+    rid_big, _ = h.turn("big", 700)
+    h.advance(61)
+    return h, rid_big
+
+
+def test_aging_only_reserves_room_that_a_rank_below_its_threshold_never_frees() -> None:
+    h, rid_big = _aged_behind_a_hog(make_room=False)
+    for _ in range(5):
+        d = h.tick()
+        assert d.outcome(rid_big) is None and not d.paused
+        h.advance(60)  # 600 < 950: no pressure, so hog stays and big waits on
+
+
+def test_an_aged_turn_has_room_made_by_pausing_acting_programs_of_its_rank() -> None:
+    h, rid_big = _aged_behind_a_hog(make_room=True)
+    d = h.tick()
+    assert d.paused == ["hog"] and isinstance(d.outcome(rid_big), Release)
+    assert [s.reason for s in d.steps if s.program == "hog"] == ["aging"]
+    counters = h.scheduler.snapshot(h.now)["counters"]
+    assert isinstance(counters, dict)
+    assert (counters["aging_pauses"], counters["aging_marks"]) == (1, 0)
+
+
+def test_room_is_made_only_once_a_turn_has_waited_max_wait() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, max_wait_seconds=60,
+             resume_timeout_seconds=600, aging_makes_room=True)
+    h.workers({W0: 1_000})
+    h.acting_on("hog", W0, 600)
+    rid_big, _ = h.turn("big", 700)
+    h.advance(59)
+    d = h.tick()
+    assert not d.paused and d.outcome(rid_big) is None
+
+
+def test_a_reasoning_program_is_marked_to_make_room_and_pauses_at_its_tool_boundary() -> None:
+    h, rid_big = _aged_behind_a_hog(make_room=True)
+    rid_hog, d = h.turn("hog", 650)  # hog's next turn runs: REASONING, not pausable now
+    assert isinstance(d.outcome(rid_hog), Release)
+    h.scheduler.sent(rid_hog, W0, h.now)
+    d = h.tick()
+    assert d.marked == ["hog"] and not d.paused and d.outcome(rid_big) is None
+    assert "hog" in h.complete(rid_hog, 700).paused  # at its tool boundary
+    assert isinstance(h.tick().outcome(rid_big), Release)
+    assert h.scheduler.counters["aging_marks"] == 1
+
+
+def test_programs_that_just_resumed_or_whose_pause_does_not_pay_make_no_room() -> None:
+    from dynamo_thunderagent.costs import EngineCosts
+
+    h, rid_big = _aged_behind_a_hog(make_room=True, min_residency_seconds=1_000)
+    d = h.tick()
+    assert not d.paused and d.outcome(rid_big) is None  # hog is within its residency
+
+    h, rid_big = _aged_behind_a_hog(make_room=True, pause_min_recompute_ratio=1)
+    h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=1e-9, decode_seconds=1))
+    d = h.tick()
+    assert not d.paused  # hog's pause would save nothing: it is not paused for big
+
+
+def test_two_aged_turns_on_one_rank_get_room_for_both() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, max_wait_seconds=60,
+             resume_timeout_seconds=600, aging_makes_room=True)
+    h.workers({W0: 2_000})
+    for name in ("a", "b", "c", "d"):
+        h.acting_on(name, W0, 450)  # 1,800 < 1,900: no pressure
+    rid_x, _ = h.turn("x", 300)
+    rid_y, _ = h.turn("y", 300)  # both wait: 600 against 1,700 - 1,800 of room
+    assert h.scheduler.waiting_for_room == 2
+    h.advance(61)
+    d = h.tick()
+    assert sorted(d.paused) == ["a", "b"]  # 1,800 - 900 <= 1,700 - 600, not 1,700 - 300
+    assert isinstance(d.outcome(rid_x), Release) and isinstance(d.outcome(rid_y), Release)
+
+
+def test_room_split_between_ranks_is_not_room_for_an_aged_turn() -> None:
+    for make_room, small_runs in ((False, True), (True, False)):
+        h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, max_wait_seconds=60,
+                 resume_timeout_seconds=600, aging_makes_room=make_room,
+                 min_residency_seconds=1_000)  # nobody can be paused to make room
+        h.workers({W0: 1_000, W1: 1_000})
+        h.acting_on("h0", W0, 400)
+        h.acting_on("h1", W1, 400)
+        h.acting_on("filler", W0, 50)
+        h.acting_on("filler1", W1, 50)
+        rid_big, _ = h.turn("big", 700)  # 400 + 400 of room, but 400 on each rank
+        h.advance(61)
+        rid_small, _ = h.turn("small", 100)
+        d = h.tick()
+        assert d.outcome(rid_big) is None
+        assert isinstance(d.outcome(rid_small), Release) is small_runs

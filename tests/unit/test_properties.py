@@ -90,6 +90,9 @@ PARAMETER_SETS = [
     dict(buffer_per_program=10, hold_max_cache_loss=0.5, resume_on_events=True,
          resume_affinity=True, price_moves=True, pause_min_recompute_ratio=0.0,
          idle_horizon_factor=2.0, pause_min_cache_loss=0.2),
+    # Aging makes room: a turn waiting past max_wait_seconds pauses programs of its rank.
+    dict(buffer_per_program=10, max_wait_seconds=12.0, aging_makes_room=True,
+         resume_on_events=True, resume_affinity=True, min_residency_seconds=2.0),
     # A session's parallel turns run alongside its running one (untracked).
     dict(buffer_per_program=10, concurrent_turns="alongside", resume_on_events=True,
          max_turns_per_session=3, placement="least_busy"),
@@ -454,6 +457,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if hasattr(self, "scheduler"):
             c = self.scheduler.counters
             assert c["released_evicting"] <= c["resumes"] - c["forced_resumes"]
+            assert c["aging_pauses"] <= c["pauses"]
 
     @invariant()
     def every_program_has_one_state_and_every_request_one_slot(self) -> None:
