@@ -707,22 +707,29 @@ class Scheduler:
     def _make_room_for_aged(self, now: float, d: Decisions) -> None:
         """``aging_makes_room``: each turn that has waited ``max_wait_seconds`` (oldest
         first) gets room on its home rank, or on the one with the most room if it has no
-        live home: the pause rule pauses and marks programs there until the turn fits
-        below the resume level, rooms already made this tick counted."""
+        live home (or one too small for it): the pause rule pauses and marks programs there
+        until the turn fits below the resume level, rooms already made this tick counted.
+        A turn that would not fit there even with every program gone waits for the next
+        tick, and nobody is paused for it."""
         if not self.params.aging_makes_room or not self._deferred:
             return
         known = self.capacity.known
         aged = sorted((p for p in self._deferred.values() if self.planner.aged(p, now)),
                       key=lambda p: (p.deferred_since or 0.0, p.seq))
+        level = self.planner.level
         booked: dict[WorkerKey, float] = {}
         for program in aged:
-            worker = (program.worker if program.worker in known
+            need = self.planner.need(program, self.capacity)
+            home = program.worker
+            worker = (home if home is not None and home in known
+                      and need <= known[home] * level
                       else self.planner.most_room(self.table, self.capacity, now))
             if worker is None:
                 return  # capacity unknown: nothing to make room in
-            booked[worker] = booked.get(worker, 0.0) + self.planner.need(program,
-                                                                          self.capacity)
-            limit = known[worker] * self.planner.level - booked[worker]
+            if booked.get(worker, 0.0) + need > known[worker] * level:
+                continue  # it would not fit this tick even if every program there gave way
+            booked[worker] = booked.get(worker, 0.0) + need
+            limit = known[worker] * level - booked[worker]
             plan = self.pause_rule.make_room(self.table, worker, limit, now, self.batch)
             for victim in plan.pause:
                 self.counters["aging_pauses"] += 1

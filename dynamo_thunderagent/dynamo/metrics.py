@@ -64,7 +64,7 @@ _EVENT_COUNTERS = {
 # dynamo_namespace and model, help)
 METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("program_pauses_total", "counter", ("reason",),
-     "Programs paused, by reason: pressure, tool_boundary, no_room, idle."),
+     "Programs paused, by reason: pressure, tool_boundary, no_room, idle, aging."),
     ("program_resumes_total", "counter", ("reason",),
      "Programs resumed: reason room (planned), resume_timeout (forced)."),
     ("program_moves_total", "counter", ("reason",),

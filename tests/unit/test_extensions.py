@@ -778,3 +778,17 @@ def test_room_split_between_ranks_is_not_room_for_an_aged_turn() -> None:
         d = h.tick()
         assert d.outcome(rid_big) is None
         assert isinstance(d.outcome(rid_small), Release) is small_runs
+
+
+def test_no_room_is_made_for_an_aged_turn_that_would_not_fit_this_tick_anyway() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, max_wait_seconds=60,
+             resume_timeout_seconds=600, aging_makes_room=True)
+    h.workers({W0: 1_000})  # resume level 850
+    h.acting_on("a", W0, 300)
+    h.acting_on("b", W0, 300)
+    rid_x, _ = h.turn("x", 500)
+    rid_y, _ = h.turn("y", 500)  # x and y together need more than the rank's resume level
+    h.advance(61)
+    d = h.tick()
+    assert d.paused == ["a"]  # room for x; pausing b too would not make room for y
+    assert isinstance(d.outcome(rid_x), Release) and d.outcome(rid_y) is None
