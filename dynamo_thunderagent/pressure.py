@@ -104,10 +104,14 @@ class ParityPauseRule:
     def make_room(self, table: ProgramTable, worker: WorkerKey, limit: float, now: float,
                   batch: float) -> PausePlan:
         """Pause ACTING programs of ``worker``, then mark REASONING ones, until its usage
-        is at most ``limit``: the same programs give way, in the same order, as under
-        pressure (past ``min_residency_seconds``, their pause paying, ``pause_order``);
-        already marked ones count as gone. (Largest first would pause fewer programs; in
-        the simulator it was no better.)"""
+        is at most ``limit``. Usage is the pause side's (without ``pressure_decay``, a
+        program in a tool call counts in full: its next turn would take its room back).
+        Programs give way in the pause rule's order (``pause_order``; REASONING ones
+        smallest first) and only where their pause pays; none that became active less
+        than ``min_residency_seconds`` ago, REASONING ones included (a turn just let in
+        after its own long wait is not marked for the next). Already marked ones count as
+        gone. (Largest first would pause fewer programs; in the simulator it was no
+        better.)"""
         plan = PausePlan()
         charge = self._charge(now)
         members = table.members(worker)
@@ -118,8 +122,7 @@ class ParityPauseRule:
         residency = self.residency
         eligible = [p for p in members
                     if not p.marked_for_pause and not p.yielded
-                    and not (p.phase is Phase.ACTING and residency
-                             and p.active_since is not None
+                    and not (residency and p.active_since is not None
                              and now - p.active_since < residency)
                     and self.costs.pause_pays(p.tokens, batch)]
         orders = ((Phase.ACTING, plan.pause, self._victim_order(now)),

@@ -627,13 +627,16 @@ class Scheduler:
 
     # ---- the tick --------------------------------------------------------------
     def tick(self, now: float) -> Decisions:
-        """One scheduler pass: expire, unassign, resume, force overdue, relieve pressure."""
+        """One scheduler pass: expire, unassign, resume (and, with ``aging_makes_room``,
+        make room for turns waiting too long and resume into it), force overdue, relieve
+        pressure."""
         d = Decisions()
         self._sweep(now, d)
         self._set_hold()
         self.idle.find_dormant(now)
-        self._make_room_for_aged(now, d)
         self.resume_waiting(now, d)
+        if self._make_room_for_aged(now, d):
+            self.resume_waiting(now, d)  # into the room just made
         self._force_overdue(now, d)
         self._relieve_pressure(now, d)
         return d
@@ -704,33 +707,37 @@ class Scheduler:
             program.resident_prompt_tokens = 0  # the engine may evict it: nothing expected
             self.counters["yields"] += 1
 
-    def _make_room_for_aged(self, now: float, d: Decisions) -> None:
-        """``aging_makes_room``: each turn that has waited ``max_wait_seconds`` (oldest
-        first) gets room on its home rank, or on the one with the most room if it has no
-        live home (or one too small for it): the pause rule pauses and marks programs there
-        until the turn fits below the resume level, rooms already made this tick counted.
-        A turn that would not fit there even with every program gone waits for the next
-        tick, and nobody is paused for it."""
-        if not self.params.aging_makes_room or not self._deferred:
-            return
+    def _make_room_for_aged(self, now: float, d: Decisions) -> bool:
+        """``aging_makes_room``, after a resume pass: room for the turns it left waiting
+        that have waited ``max_wait_seconds``, oldest first, each on its home rank or, where
+        home cannot take it this tick, on the rank with the most left (usage and this
+        tick's earlier bookings counted). The pause rule pauses and marks programs there
+        until the turn fits below the resume level. Where no rank can take the oldest such
+        turn this tick, nobody is paused for it or for the younger ones (the resume pass
+        holds everything behind it back anyway). True if a program was paused or marked."""
+        if not self.params.aging_makes_room or not self._deferred or not self.capacity.known:
+            return False
         known = self.capacity.known
-        aged = sorted((p for p in self._deferred.values() if self.planner.aged(p, now)),
-                      key=lambda p: (p.deferred_since or 0.0, p.seq))
         level = self.planner.level
         booked: dict[WorkerKey, float] = {}
+
+        def left(worker: WorkerKey) -> float:  # resume-level room for aged turns still
+            return known[worker] * level - booked.get(worker, 0.0)
+
+        acted = False
+        aged = sorted((p for p in self._deferred.values() if self.planner.aged(p, now)),
+                      key=lambda p: (p.deferred_since or 0.0, p.seq))
         for program in aged:
             need = self.planner.need(program, self.capacity)
-            home = program.worker
-            worker = (home if home is not None and home in known
-                      and need <= known[home] * level
-                      else self.planner.most_room(self.table, self.capacity, now))
-            if worker is None:
-                return  # capacity unknown: nothing to make room in
-            if booked.get(worker, 0.0) + need > known[worker] * level:
-                continue  # it would not fit this tick even if every program there gave way
+            worker = program.worker
+            if worker is None or worker not in known or need > left(worker):
+                worker = max(known, key=lambda w: (left(w) - self.table.usage(w),
+                                                   -w.worker_id, -w.dp_rank))
+                if need > left(worker):
+                    break  # no rank can take it this tick, even with every program gone
             booked[worker] = booked.get(worker, 0.0) + need
-            limit = known[worker] * level - booked[worker]
-            plan = self.pause_rule.make_room(self.table, worker, limit, now, self.batch)
+            plan = self.pause_rule.make_room(self.table, worker, left(worker), now,
+                                             self.batch)
             for victim in plan.pause:
                 self.counters["aging_pauses"] += 1
                 self._pause(victim, now, d, aging=True)
@@ -738,6 +745,8 @@ class Scheduler:
                 self.counters["aging_marks"] += 1
                 victim.marked_for_pause = True
                 d.marked.append(victim.session_id)
+            acted = acted or bool(plan.pause or plan.mark)
+        return acted
 
     def _force_overdue(self, now: float, d: Decisions) -> None:
         """A deferral never outlives resume_timeout while a live worker exists."""

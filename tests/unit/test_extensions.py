@@ -741,10 +741,18 @@ def test_programs_that_just_resumed_or_whose_pause_does_not_pay_make_no_room() -
     d = h.tick()
     assert not d.paused and d.outcome(rid_big) is None  # hog is within its residency
 
-    h, rid_big = _aged_behind_a_hog(make_room=True, pause_min_recompute_ratio=1)
-    h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=1e-9, decode_seconds=1))
+    # Measured costs where big's re-prefill (700 tokens x 1 ms) is worth a pause and hog's
+    # (600) is not: big waits for room, and hog is not paused to make it.
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, max_wait_seconds=60,
+             resume_timeout_seconds=600, aging_makes_room=True, pause_min_recompute_ratio=1)
+    h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=1e-3, decode_seconds=0.65))
+    h.workers({W0: 1_000})
+    h.acting_on("hog", W0, 600)
+    rid_big, _ = h.turn("big", 700)
+    assert h.scheduler.waiting_for_room == 1
+    h.advance(61)
     d = h.tick()
-    assert not d.paused  # hog's pause would save nothing: it is not paused for big
+    assert not d.paused and d.outcome(rid_big) is None
 
 
 def test_two_aged_turns_on_one_rank_get_room_for_both() -> None:
@@ -792,3 +800,91 @@ def test_no_room_is_made_for_an_aged_turn_that_would_not_fit_this_tick_anyway() 
     d = h.tick()
     assert d.paused == ["a"]  # room for x; pausing b too would not make room for y
     assert isinstance(d.outcome(rid_x), Release) and d.outcome(rid_y) is None
+
+
+def test_no_room_is_made_where_an_aged_turn_can_already_run_elsewhere() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, max_wait_seconds=60,
+             resume_timeout_seconds=600, aging_makes_room=True, pause_target=0.9)
+    h.workers({W0: 1_000})
+    h.acting_on("big", W0, 100)
+    h.acting_on("hog", W0, 600)
+    rid_p, _ = h.turn("p", 250)  # 950: just fits
+    h.scheduler.sent(rid_p, W0, h.now)
+    h.complete(rid_p, 300)
+    rid_p, _ = h.turn("p", 300)  # sticky: 1,000 > 950, so the pressure rule pauses big
+    h.scheduler.sent(rid_p, W0, h.now)
+    assert h.tick().paused == ["big"]
+    rid_big, _ = h.turn("big", 700)  # big's turn waits, its home W0 full
+    h.workers({W0: 1_000, W1: 1_000})  # room appears on a new rank (no event resume)
+    h.advance(61)
+    d = h.tick()
+    assert not d.paused and not d.marked  # nobody on W0 gives way for nothing
+    release = d.outcome(rid_big)
+    assert isinstance(release, Release) and release.worker == W1
+
+
+def test_dormant_programs_give_way_before_room_is_made_for_an_aged_turn() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, max_wait_seconds=60,
+             resume_timeout_seconds=600, aging_makes_room=True, idle_horizon_factor=3)
+    h.workers({W0: 1_000})
+
+    def step(session: str, tokens: int) -> None:
+        rid, d = h.turn(session, tokens)
+        assert isinstance(d.outcome(rid), Release)
+        h.scheduler.sent(rid, W0, h.now)
+        h.complete(rid, tokens)
+
+    step("old", 300)
+    step("hog", 100)
+    h.advance(10)
+    step("old", 400)  # a 10 s gap: dormant 30 s after this turn
+    h.advance(15)
+    step("hog", 200)  # a 25 s gap: dormant 75 s after this turn
+    h.advance(5)
+    rid_big, _ = h.turn("big", 500)  # 600 + 500 > 950, nobody dormant yet: waits
+    h.advance(61)  # big has aged; old is dormant, hog is not
+    d = h.tick()
+    assert [(s.program, s.reason) for s in d.steps if s.kind.value == "paused"] == [
+        ("old", "idle")]
+    assert isinstance(d.outcome(rid_big), Release)
+    assert h.scheduler.counters["aging_pauses"] == 0
+
+
+def test_an_aged_turn_is_placed_before_a_larger_one_chosen_with_it() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, max_wait_seconds=60,
+             resume_timeout_seconds=600, aging_makes_room=True, min_residency_seconds=1e4)
+    h.workers({W0: 1_000, W1: 1_000})  # resume level 850 each
+    h.acting_on("a", W0, 350)
+    h.acting_on("b", W1, 550)
+    h.acting_on("f0", W0, 500)
+    h.acting_on("f1", W1, 300)  # both ranks at 850
+    rid_x, _ = h.turn("x", 350)  # no room: waits
+    h.advance(61)
+    rid_y, _ = h.turn("y", 420)  # waits behind x
+    h.final("f0")
+    h.final("f1")  # room: 500 on W0, 300 on W1; both are chosen, only one fits W0
+    d = h.tick()
+    release = d.outcome(rid_x)
+    assert isinstance(release, Release) and release.worker == W0
+    assert d.outcome(rid_y) is None  # larger, but it would have taken the room x waited for
+
+
+def test_a_turn_just_let_in_is_not_marked_to_make_room_for_the_next() -> None:
+    from dynamo_thunderagent.program import Phase
+
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, max_wait_seconds=60,
+             resume_timeout_seconds=600, aging_makes_room=True, min_residency_seconds=30)
+    h.workers({W0: 1_000})
+    h.acting_on("hog", W0, 600)
+    h.advance(100)  # hog is past its residency
+    rid_a, _ = h.turn("a", 700)
+    h.advance(1)
+    rid_b, _ = h.turn("b", 700)
+    h.advance(60)  # a has aged: hog is paused for it, and a runs
+    d = h.tick()
+    assert d.paused == ["hog"] and isinstance(d.outcome(rid_a), Release)
+    h.scheduler.sent(rid_a, W0, h.now)
+    h.advance(5)  # b has aged too, and W0 holds only a, which just came in
+    d = h.tick()
+    assert h.program("a").phase is Phase.REASONING and not h.program("a").marked_for_pause
+    assert not d.marked and d.outcome(rid_b) is None
