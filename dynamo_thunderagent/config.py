@@ -177,14 +177,16 @@ class ThunderAgentParameters(_Strict):
     """With ``max_wait_seconds``: a turn that has waited that long has room made for it.
     Reserving room only keeps others from taking what frees up; on a rank below its pause
     threshold nothing frees up until a resident program ends, so the wait had no bound
-    but ``resume_timeout_seconds``. Instead, at each tick, the pause rule pauses ACTING
-    programs of the aged turn's rank (its home, else the rank with the most room) until it
-    fits below the resume level, and marks REASONING ones if that is not enough: a
-    program whose turn has waited that long goes before one idle in a tool call. Only
-    programs whose pause pays (the cost model) and that are past ``min_residency_seconds``
-    give way, the smallest first. The longest wait is then about ``max_wait_seconds`` plus
-    a tick and a turn, at a price in throughput where programs are large (docs/benchmarks.md,
-    "Bounded waits"). False (parity): aging only reserves."""
+    but ``resume_timeout_seconds``. Instead, at each tick, after the resume pass, the pause
+    rule pauses ACTING programs of a still-waiting aged turn's rank (its home, else the
+    rank with the most room) until it fits below the resume level, and marks REASONING ones
+    if that is not enough; a second resume pass lets it in. A program whose turn has
+    waited that long goes before one idle in a tool call. Only programs whose pause pays
+    (the cost model) and that became active at least ``min_residency_seconds`` ago give
+    way, in the pause rule's order (``pause_order``). The longest wait is then about
+    ``max_wait_seconds`` plus a tick and the turns of the marked programs, at a price in
+    throughput where programs are large (docs/benchmarks.md, "Bounded waits"). False
+    (parity): aging only reserves."""
     min_residency_seconds: float = Field(0.0, ge=0.0, le=DAY)
     """A program resumed or admitted less than this long ago is not paused (churn guard)."""
     idle_horizon_factor: float | None = Field(None, gt=0.0, le=1000.0)

@@ -63,7 +63,7 @@ def test_the_view_shows_ranks_against_thresholds_programs_waits_and_decisions() 
     assert "7587/0" in screen and "1,000" in screen and "900" in screen  # capacity, pause at
     assert "reloads ok 2, invalid 1" in screen
     assert "(forced 0, let in while evicting 0)" in screen  # hold_max_cache_loss's counter
-    assert "0 for aged turns)" in screen  # aging_makes_room's counter
+    assert "(0 aging, +0 idle)" in screen  # aging_makes_room's pauses are among the pauses
     assert "agent-d" in screen and "12.5s" in screen  # the waiting turn and its wait
     assert "waits for room" in screen
     assert "programs: 3 resident, 1 paused" in screen
