@@ -82,6 +82,15 @@ class AiperfWorkload:
     def requests(self) -> int:
         return self.conversations * self.turns
 
+    @property
+    def tokenizer(self) -> str | None:
+        """aiperf loads the stack's own tokenizer folder (None: no other source)."""
+        return None
+
+    def env_overrides(self) -> dict[str, str]:
+        """aiperf needs no environment beyond :func:`aiperf_env`."""
+        return {}
+
     def flags(self) -> list[str]:
         flags = [
             "--endpoint-type", "chat", "--streaming",
@@ -126,8 +135,7 @@ def find_aiperf(explicit: str | None = None) -> str:
 def aiperf_command(aiperf: str, stack: LocalStack, workload: Workload, concurrency: int,
                    artifacts: Path, seed: int = 42) -> list[str]:
     """The aiperf command line for one run (the URL without /v1: aiperf appends the path)."""
-    tokenizer = (workload.tokenizer if isinstance(workload, AgenticCodeWorkload)
-                 and workload.tokenizer else str(stack.model_path))
+    tokenizer = workload.tokenizer or str(stack.model_path)
     return [
         aiperf, "profile", "--model", stack.config.model_name,
         "--url", stack.url.removesuffix("/v1"), "--tokenizer", tokenizer,
@@ -210,7 +218,7 @@ def run_aiperf(stack: LocalStack, workload: Workload, concurrency: int, artifact
     it needs beyond the usual, so that it reruns by hand."""
     artifacts.mkdir(parents=True, exist_ok=True)
     command = aiperf_command(aiperf, stack, workload, concurrency, artifacts, seed)
-    extra = workload.env_overrides() if isinstance(workload, AgenticCodeWorkload) else {}
+    extra = workload.env_overrides()
     (artifacts / "command.txt").write_text(
         shlex.join([f"{k}={v}" for k, v in extra.items()] + command) + "\n", encoding="utf-8")
     with open(artifacts / "aiperf.log", "wb") as log:
