@@ -69,7 +69,6 @@ class ParityPauseRule:
         plan = PausePlan()
         charge = self._charge(now)
         victim_order = self._victim_order(now)
-        residency = self.residency
         for worker, cap in capacity.known.items():
             usage = table.decayed_usage(worker, now) if self.decay else table.usage(worker)
             if usage <= cap * self.threshold or not self._engine_evicts(worker):
@@ -78,10 +77,8 @@ class ParityPauseRule:
             members = table.members(worker)
             usage -= sum(charge(p) for p in members if p.marked_for_pause)
             acting = sorted(
-                (p for p in members if p.phase is Phase.ACTING and not p.yielded
-                 and not (residency and p.active_since is not None
-                          and now - p.active_since < residency)
-                 and self.costs.pause_pays(p.tokens, batch)),
+                (p for p in members if p.phase is Phase.ACTING
+                 and self._gives_way(p, now, batch)),
                 key=victim_order,
             )
             for program in acting:
@@ -92,7 +89,7 @@ class ParityPauseRule:
             reasoning = sorted(
                 (p for p in members if p.phase is Phase.REASONING and not p.marked_for_pause
                  and self.costs.pause_pays(p.tokens, batch)),
-                key=lambda p: (p.tokens, p.seq),
+                key=_smallest,
             )
             for program in reasoning:
                 if usage <= target:
@@ -119,12 +116,8 @@ class ParityPauseRule:
         usage -= sum(charge(p) for p in members if p.marked_for_pause)
         if usage <= limit:
             return plan
-        residency = self.residency
         eligible = [p for p in members
-                    if not p.marked_for_pause and not p.yielded
-                    and not (residency and p.active_since is not None
-                             and now - p.active_since < residency)
-                    and self.costs.pause_pays(p.tokens, batch)]
+                    if not p.marked_for_pause and self._gives_way(p, now, batch)]
         orders = ((Phase.ACTING, plan.pause, self._victim_order(now)),
                   (Phase.REASONING, plan.mark, _smallest))
         for phase, chosen, order in orders:
@@ -134,6 +127,15 @@ class ParityPauseRule:
                 usage -= charge(program)
                 chosen.append(program)
         return plan
+
+    def _gives_way(self, program: Program, now: float, batch: float) -> bool:
+        """Whether ``program`` may be paused: it holds room (it did not yield it), it
+        became active at least ``min_residency_seconds`` ago, and its pause pays."""
+        residency = self.residency
+        return (not program.yielded
+                and not (residency and program.active_since is not None
+                         and now - program.active_since < residency)
+                and self.costs.pause_pays(program.tokens, batch))
 
     def _engine_evicts(self, worker: WorkerKey) -> bool:
         """Whether ``worker``'s engine is seen to lose cache (``pause_min_cache_loss``;
