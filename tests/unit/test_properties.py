@@ -637,6 +637,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                      else self.table.usage(rank))
             if usage <= capacity * threshold + TOLERANCE:
                 continue
+            # Skipped by design: a rank whose engine is seen to keep what is held
+            # (pause_min_cache_loss: its loss ratio is below the gate, so no pause there).
+            min_loss = self.params.pause_min_cache_loss
+            loss = self.scheduler.cache_loss.loss_ratio(rank)
+            if min_loss is not None and loss is not None and loss < min_loss:
+                continue
             # Skipped by design: programs that hold no room (yielded) or whose pause would
             # not pay (the cost model; nothing pays until the engine is measured).
             costs, batch = self.scheduler.costs, self.scheduler.batch
