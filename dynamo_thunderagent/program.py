@@ -85,6 +85,9 @@ class Program:
     prefix: PrefixBlocks = NO_PREFIX
     steps: int = 0
     marked_for_pause: bool = False
+    # The mark was made for turns that waited max_wait_seconds (aging_makes_room): it
+    # stands only while such a turn still waits.
+    marked_for_aged: bool = False
     acting_since: float | None = None
     deferred_since: float | None = None
     last_active: float = 0.0

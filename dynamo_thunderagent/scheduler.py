@@ -88,7 +88,8 @@ class Scheduler:
                          "moves": 0, "priced_moves": 0, "move_price_ms": 0, "held_home": 0,
                          "expired": 0, "evicted": 0, "rejected": 0, "yields": 0,
                          "released_evicting": 0, "alongside": 0,
-                         "aging_pauses": 0, "aging_marks": 0}
+                         "aging_pauses": 0, "aging_marks": 0,
+                         "aging_marks_cleared": 0}
         # acting_yield_factor's horizon in seconds (None: off or not measured; _set_hold).
         self.yield_seconds: float | None = None
         # PAUSED programs whose turn waits for room: the only programs that hold a new
@@ -540,7 +541,7 @@ class Scheduler:
         ``aging``: it gives way to a turn that waited ``max_wait_seconds``."""
         if idle:
             reason = PauseReason.IDLE
-        elif aging:
+        elif aging or program.marked_for_aged:
             reason = PauseReason.AGING
         elif program.marked_for_pause:
             reason = PauseReason.TOOL_BOUNDARY
@@ -551,7 +552,7 @@ class Scheduler:
         with self.table.changing(program):
             program.lifecycle = Lifecycle.PAUSED
         program.resident_prompt_tokens = 0  # the engine may now evict it
-        program.marked_for_pause = False
+        program.marked_for_pause = program.marked_for_aged = False
         program.active_since = None
         program.pauses += 1
         self.counters["idle_pauses" if idle else "pauses"] += 1
@@ -689,11 +690,18 @@ class Scheduler:
 
     def _pause_if_marked(self, program: Program, now: float, d: Decisions) -> None:
         """A program marked for pause pauses at its tool boundary, unless it just yielded
-        its room: that frees what the mark was for, and its next turn need not wait."""
+        its room (that frees what the mark was for, and its next turn need not wait) or
+        it was marked for turns that waited ``max_wait_seconds`` and none waits any more
+        (let in another way, or gone): nobody is paused for a turn no longer there."""
         if not program.marked_for_pause:
             return
         if program.yielded:
-            program.marked_for_pause = False
+            program.marked_for_pause = program.marked_for_aged = False
+            return
+        if program.marked_for_aged and not any(
+                self.planner.aged(p, now) for p in self._deferred.values()):
+            program.marked_for_pause = program.marked_for_aged = False
+            self.counters["aging_marks_cleared"] += 1
             return
         self._pause(program, now, d)
 
@@ -743,7 +751,7 @@ class Scheduler:
                 self._pause(victim, now, d, aging=True)
             for victim in plan.mark:
                 self.counters["aging_marks"] += 1
-                victim.marked_for_pause = True
+                victim.marked_for_pause = victim.marked_for_aged = True
                 d.marked.append(victim.session_id)
             acted = acted or bool(plan.pause or plan.mark)
         return acted

@@ -40,9 +40,11 @@ def scheduler_figures(state: dict[str, Any]) -> dict[str, Any]:
         "yields": counters.get("yields", 0),
         # Waiting turns run at home because that rank's engine was evicting anyway.
         "released_evicting": counters.get("released_evicting", 0),
-        # Pauses made, and marks set, to make room for turns past max_wait_seconds.
+        # Pauses made, and marks set, to make room for turns past max_wait_seconds (and
+        # marks that lapsed because no such turn waited any more).
         "aging_pauses": counters.get("aging_pauses", 0),
         "aging_marks": counters.get("aging_marks", 0),
+        "aging_marks_cleared": counters.get("aging_marks_cleared", 0),
         # What the engine lost of the cache continuing turns expected, per rank, at the end.
         "cache_loss": scheduler.get("cache_loss"),
         # What the cost model had measured by the end, and the hold and yield horizon

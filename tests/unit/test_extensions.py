@@ -734,6 +734,28 @@ def test_a_reasoning_program_is_marked_to_make_room_and_pauses_at_its_tool_bound
     assert h.scheduler.counters["aging_marks"] == 1
 
 
+def test_a_mark_made_for_an_aged_turn_lapses_once_no_aged_turn_waits() -> None:
+    h, rid_big = _aged_behind_a_hog(make_room=True)
+    rid_hog, _ = h.turn("hog", 650)
+    h.scheduler.sent(rid_hog, W0, h.now)
+    assert h.tick().marked == ["hog"]
+    h.scheduler.aborted(rid_big, h.now)  # big's client gave up: nobody waits for room
+    d = h.complete(rid_hog, 700)
+    assert not d.paused and not h.program("hog").marked_for_pause
+    assert h.program("hog").lifecycle is Lifecycle.ACTIVE
+    assert h.scheduler.counters["aging_marks_cleared"] == 1
+
+
+def test_a_program_marked_for_an_aged_turn_pauses_with_the_reason_aging() -> None:
+    h, _ = _aged_behind_a_hog(make_room=True)
+    rid_hog, _ = h.turn("hog", 650)
+    h.scheduler.sent(rid_hog, W0, h.now)
+    h.tick()
+    d = h.complete(rid_hog, 700)
+    assert [s.reason for s in d.steps if s.program == "hog"] == ["aging"]
+    assert h.scheduler.counters["aging_marks_cleared"] == 0
+
+
 def test_programs_that_just_resumed_or_whose_pause_does_not_pay_make_no_room() -> None:
     from dynamo_thunderagent.costs import EngineCosts
 

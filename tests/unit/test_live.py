@@ -209,12 +209,13 @@ def test_parse_builtin_log() -> None:
 
 def test_our_routers_figures_carry_the_release_counter_and_the_cache_loss() -> None:
     state = {"scheduler": {"counters": {"pauses": 4, "released_evicting": 3,
-                                        "aging_pauses": 2, "aging_marks": 1},
+                                        "aging_pauses": 2, "aging_marks": 1,
+                                        "aging_marks_cleared": 1},
                            "cache_loss": {"0/0": {"cache_loss_ratio": 0.7, "turns": 12}}},
              "router": {}}
     got = figures.scheduler_figures(state)
     assert got["pauses"] == 4 and got["released_evicting"] == 3
-    assert (got["aging_pauses"], got["aging_marks"]) == (2, 1)
+    assert (got["aging_pauses"], got["aging_marks"], got["aging_marks_cleared"]) == (2, 1, 1)
     assert got["cache_loss"] == {"0/0": {"cache_loss_ratio": 0.7, "turns": 12}}
     assert figures.scheduler_figures({})["released_evicting"] == 0  # an older router
     assert figures.scheduler_figures({})["aging_pauses"] == 0
