@@ -48,6 +48,10 @@ class PauseRule(Protocol):
         """Programs of ``worker`` to pause, then to mark, until its usage is at most
         ``limit`` tokens (``aging_makes_room``: room for a turn that waited too long)."""
 
+    def over_threshold(self, table: ProgramTable, capacity: Capacity, worker: WorkerKey,
+                       now: float) -> bool:
+        """Whether the rule would relieve ``worker`` now (its usage over the threshold)."""
+
 
 class ParityPauseRule:
     """The paper's rule, with its ingredients chosen once from the parameters."""
@@ -137,6 +141,14 @@ class ParityPauseRule:
                          and now - program.active_since < residency)
                 and self.costs.pause_pays(program.tokens, batch))
 
+    def over_threshold(self, table: ProgramTable, capacity: Capacity, worker: WorkerKey,
+                       now: float) -> bool:
+        cap = capacity.known.get(worker)
+        if cap is None:
+            return False
+        usage = table.decayed_usage(worker, now) if self.decay else table.usage(worker)
+        return usage > cap * self.threshold and self._engine_evicts(worker)
+
     def _engine_evicts(self, worker: WorkerKey) -> bool:
         """Whether ``worker``'s engine is seen to lose cache (``pause_min_cache_loss``;
         True while unmeasured, or without the parameter)."""
@@ -201,6 +213,11 @@ class UpstreamPauseRule:
                   batch: float) -> PausePlan:
         """The upstream proxy makes no room for a waiting turn (it has no aging)."""
         return PausePlan()
+
+    def over_threshold(self, table: ProgramTable, capacity: Capacity, worker: WorkerKey,
+                       now: float) -> bool:
+        cap = capacity.known.get(worker)
+        return cap is not None and table.usage(worker) > cap * self.threshold
 
 
 def pause_rule(params: ThunderAgentParameters, model: UsageModel, costs: CostModel,

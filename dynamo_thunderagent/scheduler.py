@@ -691,8 +691,10 @@ class Scheduler:
     def _pause_if_marked(self, program: Program, now: float, d: Decisions) -> None:
         """A program marked for pause pauses at its tool boundary, unless it just yielded
         its room (that frees what the mark was for, and its next turn need not wait) or
-        it was marked for turns that waited ``max_wait_seconds`` and none waits any more
-        (let in another way, or gone): nobody is paused for a turn no longer there."""
+        it was marked for turns that waited ``max_wait_seconds``, none waits any more
+        (let in another way, or gone) and its rank is not over its pause threshold:
+        nobody is paused for a turn no longer there. (Over the threshold the mark stands
+        as the pause rule's own: the rule counted it as gone and marked nobody else.)"""
         if not program.marked_for_pause:
             return
         if program.yielded:
@@ -700,9 +702,13 @@ class Scheduler:
             return
         if program.marked_for_aged and not any(
                 self.planner.aged(p, now) for p in self._deferred.values()):
-            program.marked_for_pause = program.marked_for_aged = False
-            self.counters["aging_marks_cleared"] += 1
-            return
+            program.marked_for_aged = False
+            worker = program.worker
+            if worker is None or not self.pause_rule.over_threshold(
+                    self.table, self.capacity, worker, now):
+                program.marked_for_pause = False
+                self.counters["aging_marks_cleared"] += 1
+                return
         self._pause(program, now, d)
 
     def _to_acting(self, program: Program, now: float) -> None:

@@ -499,6 +499,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                     assert program.lifecycle is Lifecycle.ACTIVE, f"{sid}: in flight but PAUSED"
             if program.marked_for_pause:
                 assert program.lifecycle is Lifecycle.ACTIVE
+            # A mark made for an aged turn is a mark for pause, never a leftover of one.
+            assert program.marked_for_pause or not program.marked_for_aged, (
+                f"{sid}: marked for an aged turn but not for pause")
             if program.yielded:  # only between a turn's end and the next turn's start
                 assert program.phase is Phase.ACTING and program.current is None, (
                     f"{sid}: yielded while {program.phase.value} with a turn in flight")
