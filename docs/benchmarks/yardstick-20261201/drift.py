@@ -1,7 +1,12 @@
 """Does the decode yardstick drift with uptime? One simulator run of ours (the extended
-policy) with any ``bench sim`` flags; every 2,000 completed turns it prints the yardstick
-(the least smoothed decode time seen so far), the smoothed value, the mean raw decode time of
-those 2,000 turns and the pauses so far.
+policy, or ``--policy``) with ``bench sim``'s scenario flags; every 2,000 completed turns it
+prints the yardstick (the least smoothed decode time seen so far), the smoothed value, the
+mean raw decode time of those 2,000 turns and the pauses so far.
+
+It runs ours only, at the last ``--agents`` value, without a host tier (so not for
+``--regime tiered``); ``--arms``, ``--jobs``, ``--json``, ``--out`` and ``--ttl-s`` are
+accepted and ignored. The ratios to stock come from ``bench sim`` itself (the ``sim-*``
+folders next to this script).
 
 Usage: .venv/bin/python docs/benchmarks/yardstick-20261201/drift.py \
            --regime cheap-recompute --agents 30 --window-s 14400
@@ -25,6 +30,8 @@ def main(argv: list[str]) -> None:
     add_arguments(parser)
     spec = spec_from_args(parser.parse_args(argv))
     scenario, agents = spec.scenario, spec.agents[-1]
+    if scenario.host_blocks:
+        sys.exit("drift.py: this script runs without a host tier; choose another --regime")
     config = RunConfig(agents=agents, workers=scenario.workers, engine=scenario.engine(),
                        warmup_s=scenario.warmup_s, window_s=scenario.window_s,
                        client_overhead_s=scenario.client_overhead_s)
