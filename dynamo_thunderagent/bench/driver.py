@@ -27,6 +27,11 @@ Contract of a run (:func:`run_closed_loop`):
   its own; the parent's tool is over when the last of them has ended, plus the turn's
   ``tool_seconds``. Subagents run inside the parent's slot: N counts parents, and their
   records carry the parent's agent number and session id.
+* ``background`` (optional): other tenants' chat traffic beside the agents, sessionless
+  requests of unique prompts sent back to back by ``concurrency`` loops from the start until
+  the window closes. They are not turns (not in ``records``); their counts and latency are
+  in ``RunResult.background``. A program-aware router does not track them, so they show
+  what it does when part of its workers' KV is taken by requests it does not see.
 """
 
 from __future__ import annotations
@@ -47,6 +52,37 @@ from dynamo_thunderagent.bench.prompts import (
 from dynamo_thunderagent.bench.records import RecordKind, RunResult, TurnRecord
 from dynamo_thunderagent.bench.workload import AgentPlan
 from dynamo_thunderagent.dynamo.translate import FINAL_HEADER, PARENT_HEADER, SESSION_HEADER
+from dynamo_thunderagent.quantile import percentile
+
+
+@dataclass(frozen=True)
+class Background:
+    """Sessionless requests beside the agents (see the module docstring)."""
+
+    concurrency: int
+    prompt_tokens: int = 800
+    output_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.prompt_tokens < 1 or self.output_tokens < 1:
+            raise ValueError(
+                f"background traffic needs concurrency, prompt tokens and output tokens >= 1, "
+                f"got {self.concurrency}:{self.prompt_tokens}:{self.output_tokens}")
+
+    @classmethod
+    def parse(cls, text: str) -> Background:
+        """``CONCURRENCY`` or ``CONCURRENCY:PROMPT_TOKENS:OUTPUT_TOKENS``."""
+        parts = text.split(":")
+        try:
+            if len(parts) not in (1, 3):
+                raise ValueError("one or three fields")
+            values = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(
+                f"--background {text!r}: give CONCURRENCY or "
+                "CONCURRENCY:PROMPT_TOKENS:OUTPUT_TOKENS, whole numbers (e.g. 8 or 8:800:64)"
+            ) from None
+        return cls(*values)
 
 
 @dataclass(frozen=True)
@@ -103,6 +139,8 @@ class _Run:
         self.agents_started = 0
         self.agents_completed = 0
         self._next_request = 0
+        self.background_latencies: list[float] = []
+        self.background_errors = 0
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -225,6 +263,27 @@ class _Run:
             elif self.release_unfinished:
                 await self.session_final(agent, plan, "release")
 
+    async def background(self, loop: int, spec: Background) -> None:
+        """One loop of background traffic: sessionless requests until the window closes."""
+        sent = 0
+        while self.window_open():
+            content = self.text.text(spec.prompt_tokens, f"{self.job}:background:{loop}:{sent}")
+            sent += 1
+            start = self.now()
+            try:
+                await self.client.chat.completions.create(
+                    model=self.model,
+                    messages=[{"role": "user", "content": content}],
+                    max_tokens=spec.output_tokens,
+                    timeout=self.request_timeout_s,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # counted; the loop goes on like the agents do
+                self.background_errors += 1
+            else:
+                self.background_latencies.append(self.now() - start)
+
     def progress(self) -> Progress:
         turns_ok = sum(1 for r in self.records if r.kind == "turn" and r.end and r.ok)
         errors = sum(1 for r in self.records if r.error is not None)
@@ -253,6 +312,7 @@ async def run_closed_loop(
     release_unfinished: bool = True,
     on_progress: Callable[[Progress], None] | None = None,
     progress_interval_s: float = 10.0,
+    background: Background | None = None,
 ) -> RunResult:
     """Run ``agents`` closed-loop agents from ``plans`` against ``url`` (an OpenAI base URL).
 
@@ -276,12 +336,16 @@ async def run_closed_loop(
             job=job, release_unfinished=release_unfinished,
         )  # fmt: skip
         tasks = [asyncio.create_task(run.slot()) for _ in range(agents)]
+        others = ([asyncio.create_task(run.background(k, background))
+                   for k in range(background.concurrency)] if background else [])
         reporter = None
         if on_progress is not None:
             reporter = asyncio.create_task(_report(run, on_progress, progress_interval_s))
         _, pending = await asyncio.wait(tasks, timeout=window_s + drain_s)
-        for task in pending:
+        for task in [*pending, *others]:
             task.cancel()
+        if others:
+            await asyncio.wait(others, timeout=5.0)
         if pending:
             await asyncio.wait(pending, timeout=5.0)
         # Slots cancelled mid-turn leave their agents unreleased; release them, bounded.
@@ -310,6 +374,7 @@ async def run_closed_loop(
             agents_started=run.agents_started,
             agents_completed=run.agents_completed,
             template_overhead={"base": overhead.base, **overhead.per_message},
+            background=_background_figures(run, background),
         )
     finally:
         with contextlib.suppress(Exception):
@@ -332,3 +397,16 @@ async def _report(run: _Run, on_progress: Callable[[Progress], None], interval: 
     while True:
         await asyncio.sleep(interval)
         on_progress(run.progress())
+
+
+def _background_figures(run: _Run, spec: Background | None) -> dict[str, Any]:
+    if spec is None:
+        return {}
+    done = run.background_latencies
+    p50 = percentile(done, 0.5)
+    return {
+        "concurrency": spec.concurrency, "prompt_tokens": spec.prompt_tokens,
+        "output_tokens": spec.output_tokens, "completed": len(done),
+        "errors": run.background_errors,
+        "latency_p50_s": None if p50 is None else round(p50, 3),
+    }  # fmt: skip

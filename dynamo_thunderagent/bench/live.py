@@ -117,6 +117,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dynamo_thunderagent.bench.calibration.mocker import StackGeometry
+from dynamo_thunderagent.bench.driver import Background
 from dynamo_thunderagent.bench.live_markdown import render_markdown
 from dynamo_thunderagent.bench.live_observer import Observer
 from dynamo_thunderagent.bench.live_report import build_report, make_row
@@ -225,6 +226,7 @@ class LiveConfig:
     out_dir: Path = field(default_factory=lambda: default_out_dir())
     plots: bool = True
     quick: bool = False
+    background: Background | None = None  # sessionless requests beside the agents
 
     def plan(self, regime: str) -> tuple[RegimeSetup, SweepPlan]:
         """The regime's setup and its sweep (capacity fixed for the largest N)."""
@@ -272,6 +274,8 @@ class LiveConfig:
             "request_timeout_s": self.request_timeout_s,
             "seed": self.seed,
             "quick": self.quick,
+            "background": None if self.background is None else dataclasses.asdict(
+                self.background),
             "out_dir": str(self.out_dir),
         }
 
@@ -455,6 +459,7 @@ def _one_run(
         mocker_args=prepared.mocker_args,
         extra_env=arm.arm.observed_env(),
         job=f"live-{setup.regime}-{config.seed}",
+        background=config.background,
     )
     observer = Observer(arm.arm, (config.warmup_s, config.window_s))
     result = run_stack(spec, say, observer)
@@ -515,6 +520,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--quick", action="store_true",
       help="a short check (under 5 min): calibrated, stock and ours, N at 1x and 3x, 1 repeat")
     a("--json", action="store_true", help="print one JSON object on stdout (progress on stderr)")
+    a("--background", default=None, metavar="C[:P:O]",
+      help="other tenants' chat traffic beside the agents: C loops sending sessionless "
+      "requests of P unique prompt tokens for O output tokens back to back (default "
+      "P=800, O=64, mocker tokens), which no program-aware router tracks")
 
 
 def _floats(text: str, what: str) -> tuple[float, ...]:
@@ -561,6 +570,7 @@ def config_from_args(args: argparse.Namespace) -> LiveConfig:
         request_timeout_s=args.request_timeout, seed=args.seed, workload=args.workload,
         trace=args.trace, token_scale=args.token_scale, time_scale=args.time_scale,
         out_dir=args.out or default_out_dir(), plots=not args.no_plots, quick=quick,
+        background=Background.parse(args.background) if args.background else None,
     )  # fmt: skip
     for regime in config.regimes:
         config.setup(regime)  # validates the regime's setup

@@ -135,6 +135,8 @@ def make_row(
         row["latency_p99_s"] = steady["latency_p99_s"]
         row["latency_censored"] = steady["latency_censored"]
         row["turn_latencies_s"] = [round(x, 3) for x in steady["latencies"]]
+        if result.run.background:  # sessionless requests sent beside the agents
+            row["background"] = dict(result.run.background)
     for name, value in result.scheduler.items():
         if name in ROW_METRICS and row.get(name) is None:
             row[name] = value

@@ -27,6 +27,7 @@ from dynamo_thunderagent.stack.arms import arm_named
 from dynamo_thunderagent.stack.figures import scheduler_figures
 
 if TYPE_CHECKING:
+    from dynamo_thunderagent.bench.driver import Background
     from dynamo_thunderagent.bench.records import RunResult
     from dynamo_thunderagent.stack.launcher import LocalStack
 
@@ -97,6 +98,7 @@ class RunSpec:
     extra_env: dict[str, str] = field(default_factory=dict)
     job: str = "job"
     progress_interval_s: float = 10.0
+    background: Background | None = None  # sessionless requests beside the agents
 
     @property
     def name(self) -> str:
@@ -166,7 +168,7 @@ def run_stack(
                 stack.url, spec.plans(), agents=spec.agents, window_s=spec.window_s,
                 drain_s=spec.drain_s, request_timeout_s=spec.request_timeout_s,
                 text=text, job=spec.job, on_progress=progress,
-                progress_interval_s=spec.progress_interval_s,
+                progress_interval_s=spec.progress_interval_s, background=spec.background,
             ))  # fmt: skip
             result.run = run
             if observer is not None:
