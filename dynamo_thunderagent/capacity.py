@@ -51,6 +51,7 @@ class Capacity:
         self._largest = 0
         self._total = 0
         self._block_sizes: dict[WorkerKey, int] = {}
+        self._reserved: dict[WorkerKey, int] = {}
 
     def update(
         self, live_worker_ids: Iterable[int], cards: Mapping[WorkerKey, CapacityCard]
@@ -58,15 +59,36 @@ class Capacity:
         """Replace the view: the runtime's live instances and the cards seen so far."""
         self._live = frozenset(live_worker_ids)
         self._cards = dict(cards)
-        self._known = {
+        full = {
             key: card.tokens
             for key, card in sorted(self._cards.items())
             if key.worker_id in self._live and card.tokens > 0
         }
-        # Read on every admission (the oversize check): kept, not recomputed.
-        self._largest = max(self._known.values(), default=0)
-        self._total = sum(self._known.values())
-        self._block_sizes = {key: self._cards[key].block_size for key in self._known}
+        # Read on every admission (the oversize check): kept, not recomputed. Whole
+        # capacities: traffic that comes and goes must not make a prompt too large.
+        self._largest = max(full.values(), default=0)
+        self._total = sum(full.values())
+        self._block_sizes = {key: self._cards[key].block_size for key in full}
+        self._known = {key: self._left(key, tokens) for key, tokens in full.items()}
+
+    def reserve(self, worker: WorkerKey, tokens: int) -> None:
+        """Set the tokens of ``worker`` that traffic no program owns holds now
+        (``sessionless_kv: reserve``): ``known`` is its card's capacity less these, at
+        least one token (the rank stays known, its programs stay placed). ``largest`` and
+        ``total`` keep whole capacities."""
+        if tokens > 0:
+            self._reserved[worker] = tokens
+        else:
+            self._reserved.pop(worker, None)
+        if worker in self._known:
+            self._known[worker] = self._left(worker, self._cards[worker].tokens)
+
+    def reserved(self, worker: WorkerKey) -> int:
+        """Tokens of ``worker`` reserved for traffic no program owns (0: none)."""
+        return self._reserved.get(worker, 0)
+
+    def _left(self, worker: WorkerKey, tokens: int) -> int:
+        return max(1, tokens - self._reserved.get(worker, 0))
 
     def is_live(self, worker: WorkerKey) -> bool:
         return worker.worker_id in self._live
@@ -81,7 +103,8 @@ class Capacity:
 
     @property
     def known(self) -> Mapping[WorkerKey, int]:
-        """Capacity in tokens of each live rank with a usable card, sorted by key."""
+        """Capacity in tokens of each live rank with a usable card, sorted by key, less
+        what is reserved for traffic no program owns (:meth:`reserve`)."""
         return self._known
 
     @property

@@ -151,6 +151,13 @@ class RequestClassifier(ABC):
     def tick(self) -> None:
         """Periodic decisions (pressure, resume, expiry)."""
 
+    def sessionless_started(self, request_id: str, worker: WorkerKey, tokens: int) -> None:
+        """A request without a session id (passed through) runs on ``worker`` with
+        ``tokens`` prompt tokens."""
+
+    def sessionless_ended(self, request_id: str) -> None:
+        """That request ended, whichever way."""
+
     def admitted(self) -> Mapping[str, float]:
         """Requests admitted and not yet ended, with when (this classifier's clock).
 
@@ -247,6 +254,13 @@ class ThunderAgentClassifier(RequestClassifier):
 
     def observe_turn(self, timing: TurnTiming) -> None:
         self.scheduler.observe_turn(timing)
+
+    def sessionless_started(self, request_id: str, worker: WorkerKey, tokens: int) -> None:
+        self._apply(self.scheduler.sessionless_started(request_id, worker, tokens,
+                                                       self.clock()))
+
+    def sessionless_ended(self, request_id: str) -> None:
+        self._apply(self.scheduler.sessionless_ended(request_id, self.clock()))
 
     def update_workers(
         self, live_worker_ids: Iterable[int], cards: Mapping[WorkerKey, CapacityCard]

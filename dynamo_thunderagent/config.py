@@ -187,6 +187,14 @@ class ThunderAgentParameters(_Strict):
     ``max_wait_seconds`` plus a tick and the turns of the marked programs, at a price in
     throughput where programs are large (docs/benchmarks.md, "Bounded waits"). False
     (parity): aging only reserves."""
+    sessionless_kv: Literal["ignore", "reserve"] = "ignore"
+    """Requests without a session id (other tenants' chat, health checks) pass through with
+    plain KV routing and are no program's. ``reserve``: while one runs, its prompt tokens
+    are taken off the capacity of the worker/rank serving it, so admission, resume and the
+    pause rule leave it that room (a rank filled by such traffic pauses its tool-waiting
+    programs first, as for any pressure) instead of letting the engine evict programs'
+    caches to find it. ``ignore`` (parity): programs are charged against the whole
+    capacity, as if no other traffic shared the workers."""
     min_residency_seconds: float = Field(0.0, ge=0.0, le=DAY)
     """A program resumed or admitted less than this long ago is not paused (churn guard)."""
     idle_horizon_factor: float | None = Field(None, gt=0.0, le=1000.0)

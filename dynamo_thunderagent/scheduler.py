@@ -89,7 +89,11 @@ class Scheduler:
                          "expired": 0, "evicted": 0, "rejected": 0, "yields": 0,
                          "released_evicting": 0, "alongside": 0,
                          "aging_pauses": 0, "aging_marks": 0,
-                         "aging_marks_cleared": 0}
+                         "aging_marks_cleared": 0, "sessionless_untracked": 0}
+        # Requests without a session id running now, and their prompt tokens per rank
+        # (``sessionless_kv``); at most max_tracked_requests of them are kept.
+        self._sessionless: dict[str, tuple[WorkerKey, int]] = {}
+        self._sessionless_by_rank: dict[WorkerKey, int] = {}
         # acting_yield_factor's horizon in seconds (None: off or not measured; _set_hold).
         self.yield_seconds: float | None = None
         # PAUSED programs whose turn waits for room: the only programs that hold a new
@@ -132,6 +136,8 @@ class Scheduler:
         self.idle.reconfigure(factor=params.idle_horizon_factor,
                               minimum=params.idle_horizon_min_seconds,
                               maximum=params.session_retention_seconds)
+        for worker in self._sessionless_by_rank:
+            self._reserve(worker)
         self._set_hold()
 
     # ---- workers ---------------------------------------------------------------
@@ -512,6 +518,45 @@ class Scheduler:
         self._room_appeared(now, d)
         return d
 
+    # ---- traffic no program owns ------------------------------------------------
+    def sessionless_started(self, request_id: str, worker: WorkerKey, tokens: int,
+                            now: float) -> Decisions:
+        """A request without a session id is running on ``worker`` with ``tokens`` prompt
+        tokens. With ``sessionless_kv: reserve`` its rank's capacity is that much less
+        until :meth:`sessionless_ended` (the pause rule acts on it at the next tick).
+        Beyond max_tracked_requests such requests are counted, not followed."""
+        if tokens <= 0 or request_id in self._sessionless:
+            return Decisions()
+        if len(self._sessionless) >= self.params.max_tracked_requests:
+            self.counters["sessionless_untracked"] += 1
+            return Decisions()
+        self._sessionless[request_id] = (worker, tokens)
+        self._sessionless_by_rank[worker] = self._sessionless_by_rank.get(worker, 0) + tokens
+        self._reserve(worker)
+        return Decisions()
+
+    def sessionless_ended(self, request_id: str, now: float) -> Decisions:
+        """That request ended (any way): its room is back, and waiting programs may use
+        it at once (``resume_on_events``). Unknown ids are ignored."""
+        d = Decisions()
+        entry = self._sessionless.pop(request_id, None)
+        if entry is None:
+            return d
+        worker, tokens = entry
+        left = self._sessionless_by_rank[worker] - tokens
+        if left > 0:
+            self._sessionless_by_rank[worker] = left
+        else:
+            del self._sessionless_by_rank[worker]
+        self._reserve(worker)
+        if self.params.sessionless_kv == "reserve":
+            self._room_appeared(now, d)
+        return d
+
+    def _reserve(self, worker: WorkerKey) -> None:
+        held = self._sessionless_by_rank.get(worker, 0)
+        self.capacity.reserve(worker, held if self.params.sessionless_kv == "reserve" else 0)
+
     def _advance(self, program: Program, now: float, d: Decisions) -> None:
         """Start the session's next turn, end it if only session-final is left, or else
         note that it is idle from ``now`` on."""
@@ -800,6 +845,9 @@ class Scheduler:
         state["parameters"] = self.params.model_dump()
         state["cache_loss"] = self.cache_loss.snapshot()
         state["acting_hold_seconds"] = self.usage_model.hold_seconds
+        # Prompt tokens of requests without a session id running now, per rank (reserved
+        # from its capacity with sessionless_kv: reserve).
+        state["sessionless_tokens"] = {str(w): t for w, t in self._sessionless_by_rank.items()}
         state["acting_yield_seconds"] = self.yield_seconds
         # The turns waiting for room, longest wait first (what `top` shows as the queue).
         state["deferred"] = [

@@ -222,6 +222,10 @@ class ThunderAgentRouter:
             self.in_flight[request_id] = tracker
         else:
             self.passthrough_in_flight += 1
+        # A request without a session id is no program's; the scheduler may still want to
+        # know the room it takes while it runs (sessionless_kv).
+        sessionless = (classify_input.input_tokens
+                       if not admission.tracked and classify_input.session_id is None else None)
         target: WorkerKey | None = None
         # First token and finish as this router saw them: a turn's decode time for the cost
         # model, whichever timing fields the engine reports.
@@ -239,13 +243,15 @@ class ThunderAgentRouter:
                             first_token_at = self.clock()
                         elif isinstance(event, Completed):
                             finished_at = self.clock()
-                self._report(admission, events)
+                self._report(admission, events, sessionless)
                 if tracker.engine_error is not None:
                     raise EngineError(tracker.engine_error, streamed=tracker.responding)
                 yield for_frontend(chunk, tracker.sent_to if first else None)
-            self._report(admission, tracker.abort("stream ended without a finish reason"))
+            self._report(admission, tracker.abort("stream ended without a finish reason"),
+                         sessionless)
         except (GeneratorExit, asyncio.CancelledError) as error:  # the client went away
-            self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"))
+            self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"),
+                         sessionless)
             raise
         except EngineError as error:  # already reported as aborted by the tracker
             self.stats.errors += 1
@@ -259,7 +265,8 @@ class ThunderAgentRouter:
             raise _client_error(f"request {request_id} was refused by the engine on worker "
                                 f"{target}: {error.message}") from None
         except Exception as error:
-            self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"))
+            self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"),
+                         sessionless)
             self.stats.errors += 1
             log.warning("request.failed", request_id=request_id, worker=str(target),
                         error=repr(error))
@@ -353,8 +360,19 @@ class ThunderAgentRouter:
         with contextlib.suppress(Exception):
             self.refresh_workers()  # move its programs now, not at the next refresh
 
-    def _report(self, admission: Admission, events: list[RequestEvent]) -> None:
+    def _report(self, admission: Admission, events: list[RequestEvent],
+                sessionless_tokens: int | None = None) -> None:
+        """Tell the classifier of a tracked request's events; of a request without a
+        session id (``sessionless_tokens``: its prompt tokens), when it starts running on
+        a worker and when it ends."""
         if not admission.tracked:
+            if sessionless_tokens is not None:
+                for event in events:
+                    if isinstance(event, Sent):
+                        self.classifier.sessionless_started(event.request_id, event.worker,
+                                                            sessionless_tokens)
+                    elif isinstance(event, (Completed, Aborted)):
+                        self.classifier.sessionless_ended(event.request_id)
             return
         for event in events:
             self.classifier.on_event(event)

@@ -936,3 +936,70 @@ def test_a_turn_just_let_in_is_not_marked_to_make_room_for_the_next() -> None:
     d = h.tick()
     assert h.program("a").phase is Phase.REASONING and not h.program("a").marked_for_pause
     assert not d.marked and d.outcome(rid_b) is None
+
+
+# ---- sessionless_kv: traffic no program owns ---------------------------------------------
+def _sessionless(**params: object) -> Harness:
+    h = make(buffer_per_program=0, sessionless_kv="reserve", **params)
+    h.workers({W0: 1_000})
+    return h
+
+
+def test_a_sessionless_request_running_takes_its_room_from_admission_until_it_ends() -> None:
+    h = _sessionless(resume_on_events=True)
+    h.acting_on("a", W0, 500)
+    h.scheduler.sessionless_started("chat-1", W0, 400, h.now)
+    assert h.scheduler.capacity.known[W0] == 600
+    rid, d = h.turn("b", 200)  # 500 + 200 > 600 x 0.95: no room while the chat runs
+    assert d.outcome(rid) is None
+    d = h.scheduler.sessionless_ended("chat-1", h.now)
+    assert isinstance(d.outcome(rid), Release)  # its room is back, used at once
+    assert h.scheduler.capacity.known[W0] == 1_000
+
+
+def test_sessionless_traffic_is_ignored_unless_reserve_is_asked() -> None:
+    h = make(buffer_per_program=0)
+    h.workers({W0: 1_000})
+    h.acting_on("a", W0, 500)
+    h.scheduler.sessionless_started("chat-1", W0, 400, h.now)
+    rid, d = h.turn("b", 200)
+    assert isinstance(d.outcome(rid), Release) and h.scheduler.capacity.known[W0] == 1_000
+    # Followed all the same: switching to reserve live takes what runs now into account.
+    h.scheduler.reconfigure(h.scheduler.params.model_copy(update={"sessionless_kv": "reserve"}))
+    assert h.scheduler.capacity.known[W0] == 600
+    state = h.scheduler.snapshot(h.now)
+    assert state["sessionless_tokens"] == {str(W0): 400}
+
+
+def test_a_rank_filled_by_sessionless_traffic_pauses_a_tool_waiting_program() -> None:
+    h = _sessionless()
+    h.acting_on("a", W0, 500)
+    h.scheduler.sessionless_started("chat-1", W0, 300, h.now)
+    h.scheduler.sessionless_started("chat-2", W0, 300, h.now)  # 500 > 400 x 0.95
+    assert h.tick().paused == ["a"]
+
+
+def test_sessionless_room_never_makes_a_prompt_too_large_to_admit() -> None:
+    h = _sessionless()
+    h.scheduler.sessionless_started("chat-1", W0, 900, h.now)
+    rid, d = h.turn("big", 950)  # fits the worker's whole capacity: waits, is not refused
+    assert d.outcome(rid) is None and not d.rejected
+    h.scheduler.sessionless_ended("chat-1", h.now)
+    assert h.scheduler.capacity.known[W0] == 1_000
+
+
+def test_sessionless_bookkeeping_ignores_repeats_and_unknown_ids_and_is_bounded() -> None:
+    h = _sessionless(max_tracked_requests=2)
+    for rid in ("c1", "c1", "c2", "c3"):  # c1 twice; c3 is past the bound
+        h.scheduler.sessionless_started(rid, W0, 100, h.now)
+    assert h.scheduler.capacity.known[W0] == 800
+    assert h.scheduler.counters["sessionless_untracked"] == 1
+    h.scheduler.sessionless_ended("c3", h.now)  # never followed: nothing to give back
+    h.scheduler.sessionless_ended("nobody", h.now)
+    assert h.scheduler.capacity.known[W0] == 800
+    h.scheduler.sessionless_ended("c1", h.now)
+    h.scheduler.sessionless_ended("c1", h.now)  # ended twice: given back once
+    assert h.scheduler.capacity.known[W0] == 900
+    h.scheduler.sessionless_ended("c2", h.now)
+    assert h.scheduler.capacity.known[W0] == 1_000 and not h.scheduler.snapshot(h.now)[
+        "sessionless_tokens"]

@@ -243,6 +243,58 @@ async def test_requests_without_a_session_pass_through_unpinned_and_untracked() 
     assert h.router.stats.passthrough == 1 and h.kv.load_queries == 0
 
 
+async def test_a_request_without_a_session_holds_its_room_only_while_it_runs() -> None:
+    h = Harness(sessionless_kv="reserve")
+    scheduler = h.classifier.scheduler
+    whole = scheduler.capacity.known[WorkerKey(A)]
+    h.kv.hold = asyncio.Event()
+    task = asyncio.create_task(collect(h.router, turn(None, tokens=40), "r1"))
+    await until(lambda: scheduler.capacity.known[WorkerKey(A)] == whole - 40,
+                "the chat's prompt is taken off the capacity of the worker serving it")
+    assert h.events == [] and scheduler.table.programs == {}  # still no program's
+    h.kv.hold.set()
+    await asyncio.wait_for(task, 5)
+    assert scheduler.capacity.known[WorkerKey(A)] == whole
+
+
+async def test_a_request_without_a_session_that_fails_gives_its_room_back() -> None:
+    h = Harness(sessionless_kv="reserve")
+    scheduler = h.classifier.scheduler
+    whole = scheduler.capacity.known[WorkerKey(A)]
+    calls: list[tuple[str, ...]] = []
+    started, ended = h.classifier.sessionless_started, h.classifier.sessionless_ended
+
+    def spy_started(request_id: str, worker: WorkerKey, tokens: int) -> None:
+        calls.append(("started", request_id, str(worker), str(tokens)))
+        started(request_id, worker, tokens)
+
+    def spy_ended(request_id: str) -> None:
+        calls.append(("ended", request_id))
+        ended(request_id)
+
+    h.classifier.sessionless_started = spy_started  # type: ignore[method-assign]
+    h.classifier.sessionless_ended = spy_ended  # type: ignore[method-assign]
+    h.kv.fail_after_first = RuntimeError("worker died")
+    with pytest.raises(RuntimeError):
+        await collect(h.router, turn(None, tokens=40), "r1")
+    assert calls == [("started", "r1", str(WorkerKey(A)), "40"), ("ended", "r1")]
+    assert scheduler.capacity.known[WorkerKey(A)] == whole
+    assert scheduler.snapshot(h.clock())["sessionless_tokens"] == {}
+
+
+async def test_a_turn_run_alongside_is_not_taken_for_sessionless_traffic() -> None:
+    h = Harness(concurrent_turns="alongside", sessionless_kv="reserve")
+    scheduler = h.classifier.scheduler
+    h.kv.hold = asyncio.Event()
+    first = asyncio.create_task(collect(h.router, turn("s"), "r1"))
+    await until(lambda: len(h.kv.requests) == 1, "the first turn is forwarded")
+    second = asyncio.create_task(collect(h.router, turn("s", tokens=14), "r2"))
+    await until(lambda: len(h.kv.requests) == 2, "the second turn is forwarded alongside")
+    assert scheduler.snapshot(h.clock())["sessionless_tokens"] == {}  # its session's room
+    h.kv.hold.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+
+
 async def test_a_concurrent_turn_runs_alongside_on_its_sessions_worker_untracked() -> None:
     h = Harness(concurrent_turns="alongside")
     h.kv.hold = asyncio.Event()
