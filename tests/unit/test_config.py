@@ -85,6 +85,8 @@ def test_default_policy_uses_only_parameters_dynamo_knows() -> None:
          "max_tracked_requests"),
         ("request_classifier: {type: thunderagent, parameters: {resume_on_events: \"yes\"}}\n",
          "resume_on_events: Input should be a valid boolean"),
+        ("request_classifier: {type: thunderagent, parameters: {sessionless_kv: keep}}\n",
+         "sessionless_kv: Input should be 'ignore' or 'reserve'"),
         ("request_classifier: {type: thunderagent, parameters: {pause_threshold: 0.9}}\n"
          "request_classifier: {type: thunderagent}\n",
          "key 'request_classifier' appears twice (lines 1 and 2)"),
