@@ -74,8 +74,8 @@ class Capacity:
     def reserve(self, worker: WorkerKey, tokens: int) -> None:
         """Set the tokens of ``worker`` that traffic no program owns holds now
         (``sessionless_kv: reserve``): ``known`` is its card's capacity less these, at
-        least one token (the rank stays known, its programs stay placed). ``largest`` and
-        ``total`` keep whole capacities."""
+        most half of it (the rank stays known, its programs keep room). ``largest`` and
+        ``total`` keep whole capacities; ``largest_room`` follows ``known``."""
         if tokens > 0:
             self._reserved[worker] = tokens
         else:
@@ -88,7 +88,10 @@ class Capacity:
         return self._reserved.get(worker, 0)
 
     def _left(self, worker: WorkerKey, tokens: int) -> int:
-        return max(1, tokens - self._reserved.get(worker, 0))
+        # At most half a rank is taken off: reservations count each request's whole
+        # prompt, so requests that share a cached prefix are over-counted, and programs
+        # must keep room to run at all.
+        return tokens - min(self._reserved.get(worker, 0), tokens // 2)
 
     def is_live(self, worker: WorkerKey) -> bool:
         return worker.worker_id in self._live
@@ -109,12 +112,21 @@ class Capacity:
 
     @property
     def largest(self) -> int:
-        """The largest capacity in tokens among ``known`` (0: none known)."""
+        """The largest whole capacity in tokens among the ranks in ``known`` (0: none
+        known): whether a prompt could ever run, whatever traffic comes and goes."""
         return self._largest
 
     @property
+    def largest_room(self) -> int:
+        """The largest of ``known`` (reservations taken off): a whole rank's room for
+        programs now, what a program larger than any rank's threshold waits for."""
+        if not self._reserved:
+            return self._largest
+        return max(self._known.values(), default=0)
+
+    @property
     def total(self) -> int:
-        """Capacity in tokens of every rank in ``known``."""
+        """Whole capacity in tokens of every rank in ``known``."""
         return self._total
 
     def block_size(self, worker: WorkerKey) -> int:

@@ -79,6 +79,8 @@ class ParityPauseRule:
                 continue
             target = cap * self.target
             members = table.members(worker)
+            if len(members) <= 1 and capacity.reserved(worker):
+                continue  # its one program, paused, would only come straight back
             usage -= sum(charge(p) for p in members if p.marked_for_pause)
             acting = sorted(
                 (p for p in members if p.phase is Phase.ACTING

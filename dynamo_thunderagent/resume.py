@@ -94,7 +94,7 @@ class ResumePlanner:
         # A program larger than any rank's resume level (it still fits the capacity, or
         # admission would have refused it) needs a whole empty rank, not more than that:
         # without the cap it would wait for resume_timeout and hold every new program back.
-        largest = capacity.largest * level
+        largest = capacity.largest_room * level
         if evicting:
             order = self._release_evicting(order, capacity, evicting, room, largest, plan,
                                            now, batch)
@@ -188,7 +188,7 @@ class ResumePlanner:
 
     def need(self, program: Program, capacity: Capacity) -> float:
         """The room ``program`` takes when it resumes (see :meth:`_need`)."""
-        return self._need(program, capacity.largest * self.level)
+        return self._need(program, capacity.largest_room * self.level)
 
     def _need(self, program: Program, largest: float) -> float:
         """The room ``program`` takes when it resumes: its tokens and

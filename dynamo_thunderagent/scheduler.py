@@ -325,7 +325,7 @@ class Scheduler:
         # Capped like on the resume side: a program that fits a rank's capacity but not
         # its threshold goes to an empty rank rather than waiting for one that never comes.
         need = min(program.tokens + self.params.buffer_per_program,
-                   self.capacity.largest * self.params.pause_threshold)
+                   self.capacity.largest_room * self.params.pause_threshold)
         target = self.planner.place(self.table, self.capacity, need if pays else None)
         if target is None and self._reclaim_dormant(now, d, need):
             target = self.planner.place(self.table, self.capacity, need)
@@ -708,8 +708,9 @@ class Scheduler:
             held += program.tokens
         if self.host_tier is not None:
             capacity = self.capacity
+            # The GPU pools' room for programs: what sessionless traffic holds is not theirs.
             self.host_tier.set_spare(capacity.tier_tokens(self.params.host_kv_blocks),
-                                     capacity.total, held)
+                                     sum(capacity.known.values()), held)
 
     def _set_hold(self) -> None:
         """The hold of ``acting_hold_factor`` and the yield horizon of

@@ -279,8 +279,9 @@ class _Run:
                 )
             except asyncio.CancelledError:
                 raise
-            except Exception:  # counted; the loop goes on like the agents do
-                self.background_errors += 1
+            except Exception:  # counted; the loop goes on like the agents do, after a
+                self.background_errors += 1  # breath, so a stack refusing fast is not flooded
+                await asyncio.sleep(0.1)
             else:
                 self.background_latencies.append(self.now() - start)
 

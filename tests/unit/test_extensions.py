@@ -973,19 +973,51 @@ def test_sessionless_traffic_is_ignored_unless_reserve_is_asked() -> None:
 
 def test_a_rank_filled_by_sessionless_traffic_pauses_a_tool_waiting_program() -> None:
     h = _sessionless()
-    h.acting_on("a", W0, 500)
-    h.scheduler.sessionless_started("chat-1", W0, 300, h.now)
-    h.scheduler.sessionless_started("chat-2", W0, 300, h.now)  # 500 > 400 x 0.95
+    h.acting_on("a", W0, 350)
+    rid, _ = h.turn("b", 150)
+    h.scheduler.sent(rid, W0, h.now)
+    h.scheduler.sessionless_started("chat-1", W0, 250, h.now)
+    h.scheduler.sessionless_started("chat-2", W0, 250, h.now)  # 500 > 500 x 0.95
     assert h.tick().paused == ["a"]
 
 
-def test_sessionless_room_never_makes_a_prompt_too_large_to_admit() -> None:
+def test_a_ranks_only_program_is_not_paused_for_sessionless_traffic() -> None:
+    # Paused, it would be let straight back in: nobody else could use its room.
+    h = _sessionless()
+    h.acting_on("a", W0, 580)
+    h.scheduler.sessionless_started("chat-1", W0, 400, h.now)  # 580 > 600 x 0.95
+    assert not h.tick().paused
+
+
+def test_at_most_half_a_rank_is_reserved_for_sessionless_traffic() -> None:
+    # Each request counts its whole prompt, so chats sharing a cached system prompt are
+    # over-counted; programs keep room to run.
+    h = _sessionless()
+    for k in range(5):
+        h.scheduler.sessionless_started(f"chat-{k}", W0, 300, h.now)
+    assert h.scheduler.capacity.known[W0] == 500 and h.scheduler.capacity.reserved(W0) == 1_500
+    assert h.scheduler.capacity.largest == 1_000  # whole, for the oversize check
+
+
+def test_a_program_larger_than_the_room_sessionless_traffic_leaves_goes_to_an_empty_rank(
+) -> None:
     h = _sessionless()
     h.scheduler.sessionless_started("chat-1", W0, 900, h.now)
-    rid, d = h.turn("big", 950)  # fits the worker's whole capacity: waits, is not refused
-    assert d.outcome(rid) is None and not d.rejected
+    rid, d = h.turn("big", 950)  # fits the whole capacity: neither refused nor left waiting
+    assert isinstance(d.outcome(rid), Release) and not d.rejected
     h.scheduler.sessionless_ended("chat-1", h.now)
     assert h.scheduler.capacity.known[W0] == 1_000
+
+
+def test_a_worker_refresh_keeps_what_sessionless_traffic_holds() -> None:
+    h = _sessionless()
+    h.scheduler.sessionless_started("chat-1", W0, 300, h.now)
+    h.workers({W0: 1_000})  # the same card again
+    assert h.scheduler.capacity.known[W0] == 700
+    h.workers({W0: 2_000})  # a resized card
+    assert h.scheduler.capacity.known[W0] == 1_700
+    h.scheduler.sessionless_ended("chat-1", h.now)
+    assert h.scheduler.capacity.known[W0] == 2_000
 
 
 def test_sessionless_bookkeeping_ignores_repeats_and_unknown_ids_and_is_bounded() -> None:

@@ -8,6 +8,7 @@ streams are async generators shaped like Dynamo 1.6.1's chunks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -278,6 +279,31 @@ async def test_a_request_without_a_session_that_fails_gives_its_room_back() -> N
     with pytest.raises(RuntimeError):
         await collect(h.router, turn(None, tokens=40), "r1")
     assert calls == [("started", "r1", str(WorkerKey(A)), "40"), ("ended", "r1")]
+    assert scheduler.capacity.known[WorkerKey(A)] == whole
+    assert scheduler.snapshot(h.clock())["sessionless_tokens"] == {}
+
+
+@pytest.mark.parametrize("ending", ["no_finish", "engine_error", "client_left"])
+async def test_a_request_without_a_session_gives_its_room_back_however_it_ends(
+        ending: str) -> None:
+    h = Harness(sessionless_kv="reserve")
+    scheduler = h.classifier.scheduler
+    whole = scheduler.capacity.known[WorkerKey(A)]
+    if ending == "no_finish":
+        h.kv.end_without_finish = True
+    elif ending == "engine_error":
+        h.kv.error_finish = "out of blocks"
+    else:
+        h.kv.hold = asyncio.Event()
+    stream = h.router.generate(turn(None, tokens=40), FakeContext("r1"))
+    if ending == "client_left":
+        await stream.__anext__()
+        assert scheduler.capacity.known[WorkerKey(A)] == whole - 40
+        await stream.aclose()  # the client went away mid-stream
+    else:
+        with contextlib.suppress(Exception):
+            async for _ in stream:
+                pass
     assert scheduler.capacity.known[WorkerKey(A)] == whole
     assert scheduler.snapshot(h.clock())["sessionless_tokens"] == {}
 
