@@ -734,11 +734,18 @@ def test_a_reasoning_program_is_marked_to_make_room_and_pauses_at_its_tool_bound
     assert h.scheduler.counters["aging_marks"] == 1
 
 
-def test_a_mark_made_for_an_aged_turn_lapses_once_no_aged_turn_waits() -> None:
+def _hog_marked_for_big() -> tuple[Harness, str, str]:
+    """``_aged_behind_a_hog`` with room made: hog's next turn runs (REASONING), so the
+    tick marks it to pause at its tool boundary for big, which still waits."""
     h, rid_big = _aged_behind_a_hog(make_room=True)
     rid_hog, _ = h.turn("hog", 650)
     h.scheduler.sent(rid_hog, W0, h.now)
     assert h.tick().marked == ["hog"]
+    return h, rid_big, rid_hog
+
+
+def test_a_mark_made_for_an_aged_turn_lapses_once_no_aged_turn_waits() -> None:
+    h, rid_big, rid_hog = _hog_marked_for_big()
     h.scheduler.aborted(rid_big, h.now)  # big's client gave up: nobody waits for room
     d = h.complete(rid_hog, 700)
     assert not d.paused and not h.program("hog").marked_for_pause
@@ -747,10 +754,7 @@ def test_a_mark_made_for_an_aged_turn_lapses_once_no_aged_turn_waits() -> None:
 
 
 def test_a_mark_for_an_aged_turn_lapses_when_that_turn_runs_on_another_rank() -> None:
-    h, rid_big = _aged_behind_a_hog(make_room=True)
-    rid_hog, _ = h.turn("hog", 650)
-    h.scheduler.sent(rid_hog, W0, h.now)
-    assert h.tick().marked == ["hog"]
+    h, rid_big, rid_hog = _hog_marked_for_big()
     h.workers({W0: 1_000, W1: 1_000})  # a worker joins: big is let in there
     assert h.tick().outcome(rid_big) == Release(rid_big, W1)
     d = h.complete(rid_hog, 700)
@@ -760,10 +764,7 @@ def test_a_mark_for_an_aged_turn_lapses_when_that_turn_runs_on_another_rank() ->
 def test_a_mark_for_an_aged_turn_stands_as_a_pressure_mark_on_a_rank_over_threshold() -> None:
     # The pause rule counts marked programs as gone: had the mark lapsed here, nobody on a
     # rank over its threshold would be paused at all.
-    h, rid_big = _aged_behind_a_hog(make_room=True)
-    rid_hog, _ = h.turn("hog", 650)
-    h.scheduler.sent(rid_hog, W0, h.now)
-    assert h.tick().marked == ["hog"]
+    h, rid_big, rid_hog = _hog_marked_for_big()
     h.scheduler.aborted(rid_big, h.now)
     d = h.complete(rid_hog, 990)  # 990 > 950, the pause threshold of W0
     assert d.paused == ["hog"]
@@ -773,10 +774,7 @@ def test_a_mark_for_an_aged_turn_stands_as_a_pressure_mark_on_a_rank_over_thresh
 
 
 def test_a_program_marked_for_an_aged_turn_pauses_with_the_reason_aging() -> None:
-    h, _ = _aged_behind_a_hog(make_room=True)
-    rid_hog, _ = h.turn("hog", 650)
-    h.scheduler.sent(rid_hog, W0, h.now)
-    h.tick()
+    h, _, rid_hog = _hog_marked_for_big()
     d = h.complete(rid_hog, 700)
     assert [s.reason for s in d.steps if s.program == "hog"] == ["aging"]
     assert h.scheduler.counters["aging_marks_cleared"] == 0
