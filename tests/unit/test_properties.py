@@ -96,6 +96,9 @@ PARAMETER_SETS = [
     # A session's parallel turns run alongside its running one (untracked).
     dict(buffer_per_program=10, concurrent_turns="alongside", resume_on_events=True,
          max_turns_per_session=3, placement="least_busy"),
+    # Requests without a session id take room off their rank while they run.
+    dict(buffer_per_program=10, sessionless_kv="reserve", resume_on_events=True,
+         resume_affinity=True, max_wait_seconds=12.0, aging_makes_room=True),
 ]
 PREFIX_BLOCK_TOKENS = 8
 
@@ -132,6 +135,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.released: dict[str, Submitted] = {}  # released turns not yet finished
         self.outcome: dict[str, str] = {}  # terminal outcome of every finished request
         self.deferred_at: dict[str, float] = {}  # when the checker first saw it DEFERRED
+        # Requests without a session id running now, as the scheduler should follow them.
+        self.sessionless: dict[str, tuple[WorkerKey, int]] = {}
         self.seen_deferred = False
         self.steps = 0
         self.seen_marked = False
@@ -372,6 +377,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         ``pause_min_cache_loss`` read the ratio from the next decision)."""
         self.scheduler.cache_loss.observe(rank, 1_000, round(1_000 * (1 - lost)))
 
+    @rule(rank=st.sampled_from(RANKS), tokens=st.integers(0, 300),
+          rid=st.sampled_from([f"chat-{k}" for k in range(6)]))
+    def sessionless_request_runs(self, rank: WorkerKey, tokens: int, rid: str) -> None:
+        """A request without a session id starts running on ``rank`` (a repeated id is
+        ignored while the first runs)."""
+        d = self.scheduler.sessionless_started(rid, rank, tokens, self.now)
+        self.absorb(d)
+        if tokens > 0 and rid not in self.sessionless and len(self.sessionless) < MAX_TRACKED:
+            self.sessionless[rid] = (rank, tokens)
+
+    @rule(rid=st.sampled_from([f"chat-{k}" for k in range(6)] + ["nobody"]))
+    def sessionless_request_ends(self, rid: str) -> None:
+        self.absorb(self.scheduler.sessionless_ended(rid, self.now))
+        self.sessionless.pop(rid, None)
+
     # ---- rules: time ------------------------------------------------------------------
     @rule(params=st.sampled_from(PARAMETER_SETS))
     def reload_policy(self, params: dict[str, Any]) -> None:
@@ -417,6 +437,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                 sub = self.released.pop(rid)
                 self.outcome[rid] = "completed"
                 self.absorb(self.scheduler.completed(rid, sub.input_tokens, self.now))
+        for rid in sorted(self.sessionless):
+            self.absorb(self.scheduler.sessionless_ended(rid, self.now))
+        self.sessionless.clear()
+        assert self.scheduler.snapshot(self.now)["sessionless_tokens"] == {}
         for session in SESSIONS:
             rid = self.submit(session, 0, final=True)
             assert self.outcome.get(rid) == "final-released", f"final of {session} not released"
@@ -622,6 +646,25 @@ class SchedulerMachine(RuleBasedStateMachine):
         for rid in self.pending:
             assert self.table.requests[rid].state is not RequestState.RELEASED
 
+    @invariant()
+    def sessionless_room_is_what_runs_now(self) -> None:
+        """Each live rank's room is its card less what requests without a session id
+        running there hold (at most half of it) with reserve, its whole card without."""
+        if not hasattr(self, "scheduler"):
+            return
+        capacity = self.scheduler.capacity
+        held: dict[WorkerKey, int] = {}
+        for rank, tokens in self.sessionless.values():
+            held[rank] = held.get(rank, 0) + tokens
+        reserve = self.scheduler.params.sessionless_kv == "reserve"
+        for rank, room in capacity.known.items():
+            whole = self.cards[rank].tokens
+            taken = min(held.get(rank, 0), whole // 2) if reserve else 0
+            assert room == whole - taken, (
+                f"{rank}: room {room}, card {whole}, sessionless {held.get(rank, 0)}")
+        assert capacity.largest == max((self.cards[r].tokens for r in capacity.known),
+                                       default=0)
+
     # ---- checks right after a tick ----------------------------------------------------
     def check_after_tick(self) -> None:
         if self.scheduler.capacity.any_live:
@@ -645,6 +688,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             min_loss = self.params.pause_min_cache_loss
             loss = self.scheduler.cache_loss.loss_ratio(rank)
             if min_loss is not None and loss is not None and loss < min_loss:
+                continue
+            # Skipped by design: a rank's only program is not paused for room that
+            # sessionless traffic holds (it would come straight back).
+            if len(self.table.members(rank)) <= 1 and self.scheduler.capacity.reserved(rank):
                 continue
             # Skipped by design: programs that hold no room (yielded) or whose pause would
             # not pay (the cost model; nothing pays until the engine is measured).
