@@ -30,8 +30,9 @@ Contract of a run (:func:`run_closed_loop`):
 * ``background`` (optional): other tenants' chat traffic beside the agents, sessionless
   requests of unique prompts sent back to back by ``concurrency`` loops from the start until
   the window closes. They are not turns (not in ``records``); their counts and latency are
-  in ``RunResult.background``. A program-aware router does not track them, so they show
-  what it does when part of its workers' KV is taken by requests it does not see.
+  in ``RunResult.background``. They are no program's, so they show what a program-aware
+  router does when part of its workers' KV is taken by requests outside its programs
+  (``sessionless_kv``).
 """
 
 from __future__ import annotations

@@ -140,6 +140,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.seen_deferred = False
         self.steps = 0
         self.seen_marked = False
+        self.seen_sessionless = False  # room was reserved for sessionless traffic
 
     # ---- setup -----------------------------------------------------------------
     @initialize(params=st.sampled_from(PARAMETER_SETS),
@@ -378,7 +379,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.scheduler.cache_loss.observe(rank, 1_000, round(1_000 * (1 - lost)))
 
     @rule(rank=st.sampled_from(RANKS), tokens=st.integers(0, 300),
-          rid=st.sampled_from([f"chat-{k}" for k in range(6)]))
+          rid=st.sampled_from([f"chat-{k}" for k in range(MAX_TRACKED + 2)]))
     def sessionless_request_runs(self, rank: WorkerKey, tokens: int, rid: str) -> None:
         """A request without a session id starts running on ``rank`` (a repeated id is
         ignored while the first runs)."""
@@ -387,7 +388,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if tokens > 0 and rid not in self.sessionless and len(self.sessionless) < MAX_TRACKED:
             self.sessionless[rid] = (rank, tokens)
 
-    @rule(rid=st.sampled_from([f"chat-{k}" for k in range(6)] + ["nobody"]))
+    @rule(rid=st.sampled_from([f"chat-{k}" for k in range(MAX_TRACKED + 2)] + ["nobody"]))
     def sessionless_request_ends(self, rid: str) -> None:
         self.absorb(self.scheduler.sessionless_ended(rid, self.now))
         self.sessionless.pop(rid, None)
@@ -466,6 +467,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 event("request deferred")
             if self.seen_marked:
                 event("program marked for pause")
+            if self.seen_sessionless:
+                event("room reserved for sessionless traffic")
 
     # ---- invariants -------------------------------------------------------------------
     @invariant()
@@ -664,6 +667,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 f"{rank}: room {room}, card {whole}, sessionless {held.get(rank, 0)}")
         assert capacity.largest == max((self.cards[r].tokens for r in capacity.known),
                                        default=0)
+        assert capacity.largest_room == max(capacity.known.values(), default=0)
+        if held and reserve:
+            self.seen_sessionless = True
 
     # ---- checks right after a tick ----------------------------------------------------
     def check_after_tick(self) -> None:
