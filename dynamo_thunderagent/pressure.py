@@ -74,7 +74,7 @@ class ParityPauseRule:
         charge = self._charge(now)
         victim_order = self._victim_order(now)
         for worker, cap in capacity.known.items():
-            usage = table.decayed_usage(worker, now) if self.decay else table.usage(worker)
+            usage = self._usage(table, worker, now)
             if usage <= cap * self.threshold or not self._engine_evicts(worker):
                 continue
             target = cap * self.target
@@ -118,7 +118,7 @@ class ParityPauseRule:
         plan = PausePlan()
         charge = self._charge(now)
         members = table.members(worker)
-        usage = table.decayed_usage(worker, now) if self.decay else table.usage(worker)
+        usage = self._usage(table, worker, now)
         usage -= sum(charge(p) for p in members if p.marked_for_pause)
         if usage <= limit:
             return plan
@@ -148,8 +148,13 @@ class ParityPauseRule:
         cap = capacity.known.get(worker)
         if cap is None:
             return False
-        usage = table.decayed_usage(worker, now) if self.decay else table.usage(worker)
+        usage = self._usage(table, worker, now)
         return usage > cap * self.threshold and self._engine_evicts(worker)
+
+    def _usage(self, table: ProgramTable, worker: WorkerKey, now: float) -> float:
+        """The pause side's usage of ``worker``: decayed with ``pressure_decay``, else
+        plain (a program in a tool call counts in full)."""
+        return table.decayed_usage(worker, now) if self.decay else table.usage(worker)
 
     def _engine_evicts(self, worker: WorkerKey) -> bool:
         """Whether ``worker``'s engine is seen to lose cache (``pause_min_cache_loss``;
