@@ -48,6 +48,10 @@ Workloads
   worker; subagents send their own session id, ``X-Dynamo-Parent-Session-ID`` and a
   session-final of their own.
 
+Beside any workload, ``--background C[:P:O]`` sends other tenants' sessionless requests (C at
+a time, P unique prompt and O output tokens) until the window closes; they are no agent's
+turns, and each run's row carries their count, errors and p50 latency (``bench/driver.py``).
+
 Warm start: a short window would otherwise see only young agents (every agent starts at turn
 0 at once, so contexts never reach their steady-state sizes). The first N agents of a run
 therefore start at a seeded, uniformly drawn turn of their program, whose whole history is
