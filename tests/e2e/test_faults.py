@@ -8,7 +8,9 @@ ranks) and ends with the same checks (:func:`settles`):
 
 * every request the router took reached exactly one terminal state (its counters add up:
   completed + aborted + rejected + session-final + cancelled + orphaned + pass-through);
-* nothing is tracked, in flight or waiting for room once clients are done;
+* nothing is tracked, in flight or waiting for room once clients are done, and no rank's
+  capacity is still held for a request without a session id (``sessionless_kv: reserve``,
+  on in the extended policy);
 * every client got a response or an error with a message (no hang, no silent drop);
 * nothing else was harmed: a fresh agent's turns succeed, and once every remaining
   session ends, the table is empty and every rank's usage is back to zero;
@@ -132,8 +134,9 @@ def settles(stack: Any, what: str, timeout: float = 60.0) -> State:
         stack,
         lambda s: (s["in_flight"] == 0 and s["scheduler"]["tracked_requests"] == 0
                    and s["scheduler"]["waiting_for_room"] == 0 and accounted(s) ==
-                   s["router"]["requests"]),
-        f"{what}: nothing in flight, tracked or waiting, every request accounted for", timeout)
+                   s["router"]["requests"] and not s["scheduler"]["sessionless_tokens"]),
+        f"{what}: nothing in flight, tracked, waiting or held for sessionless traffic, "
+        "every request accounted for", timeout)
     with sync_client(stack, timeout=30) as client:
         fresh = f"fresh-after-{what.replace(' ', '-')}"
         for turn in range(2):
@@ -191,8 +194,28 @@ async def test_dp_ranks_honour_the_preferred_rank_and_survive_a_killed_worker(
                 turn += 1
                 await asyncio.sleep(0.05)
 
+        async def other_tenant(name: str) -> None:
+            # Requests without a session id beside the agents: some are running on the
+            # worker that is killed, and the room they hold must come back.
+            n = 0
+            while not stop.is_set():
+                try:
+                    await client.chat.completions.create(
+                        model=MODEL, max_tokens=48,
+                        messages=[{"role": "user", "content": turn_text(name, n)}])
+                    outcomes.ok += 1
+                except openai.APIError as error:
+                    outcomes.record_error(error)
+                    await asyncio.sleep(0.2)
+                n += 1
+
+        async def anyone(name: str) -> None:
+            await (other_tenant(name) if name.startswith("tenant-") else agent(name))
+
         sessions = [f"dp-{i}" for i in range(6)]
-        async with agents_running(agent, sessions, client, stop, timeout=90):
+        tenants = [f"tenant-{i}" for i in range(3)]
+        async with agents_running(anyone, [*sessions, *tenants], client, stop,
+                                  timeout=90):
             await asyncio.to_thread(
                 wait_for_state, stack,
                 lambda s: all(programs(s).get(x, {}).get("steps", 0) >= 3 for x in sessions),
@@ -203,6 +226,11 @@ async def test_dp_ranks_honour_the_preferred_rank_and_survive_a_killed_worker(
                 assert seen[session] == {_rank_of(programs(before)[session])}, seen[session]
             ranks = {_rank_of(p) for p in programs(before).values()}
             assert any(rank for _, rank in ranks), f"no program on a rank other than 0: {ranks}"
+            victim = stack.worker_instances()[0]
+            await asyncio.to_thread(
+                wait_for_state, stack, lambda s: any(
+                    key.startswith(f"{victim}/") for key in s["scheduler"]["sessionless_tokens"]),
+                "room held for a sessionless request running on the worker to be killed", 60)
             stack.kill_worker(0)
             survivor = stack.worker_instances()[1]
             await asyncio.to_thread(
@@ -278,14 +306,14 @@ async def test_a_storm_of_disconnects_leaves_nothing_behind(tmp_path: Path) -> N
         rng = random.Random(7)
         outcomes = Outcomes()
 
-        async def request(session: str, stream: bool) -> None:
+        async def request(session: str, stream: bool, sessionless: bool) -> None:
             import openai
 
             try:
                 reply = await client.chat.completions.create(
                     model=MODEL, max_tokens=120, stream=stream,
                     messages=[{"role": "user", "content": turn_text(session, 0, words=150)}],
-                    extra_headers={SESSION: session})
+                    extra_headers={} if sessionless else {SESSION: session})
                 if stream:
                     async for _ in reply:
                         pass
@@ -293,11 +321,23 @@ async def test_a_storm_of_disconnects_leaves_nothing_behind(tmp_path: Path) -> N
             except openai.APIError as error:
                 outcomes.record_error(error)
 
-        tasks = [asyncio.create_task(request(f"storm-{i}", stream=i % 2 == 0))
+        # One in five is another tenant's request without a session id: while it runs,
+        # its prompt's room is held off its rank (sessionless_kv: reserve).
+        sessionless = {i for i in range(40) if i % 5 == 0}
+        tasks = [asyncio.create_task(request(f"storm-{i}", stream=i % 2 == 0,
+                                             sessionless=i in sessionless))
                  for i in range(40)]
         await asyncio.sleep(0.5)
         deferred = (await asyncio.to_thread(get_state, stack))["scheduler"]["deferred_requests"]
-        for task in rng.sample(tasks, 30):
+        # A sessionless request's room is held from its first chunk (its prefill is done).
+        await asyncio.to_thread(
+            wait_for_state, stack, lambda s: any(s["scheduler"]["sessionless_tokens"]),
+            "room held for a running sessionless request", 20)
+        # Every sessionless client leaves, with 22 of the others.
+        others = [task for i, task in enumerate(tasks) if i not in sessionless]
+        leaving = [tasks[i] for i in sorted(sessionless)] + rng.sample(others, 22)
+        rng.shuffle(leaving)
+        for task in leaving:
             task.cancel()  # the connection closes: the client went away
             await asyncio.sleep(rng.uniform(0.0, 0.05))
         await asyncio.gather(*tasks, return_exceptions=True)
