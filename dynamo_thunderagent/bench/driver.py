@@ -51,39 +51,9 @@ from dynamo_thunderagent.bench.prompts import (
     measure_template_overhead,
 )
 from dynamo_thunderagent.bench.records import RecordKind, RunResult, TurnRecord
-from dynamo_thunderagent.bench.workload import AgentPlan
+from dynamo_thunderagent.bench.workload import AgentPlan, Background
 from dynamo_thunderagent.dynamo.translate import FINAL_HEADER, PARENT_HEADER, SESSION_HEADER
 from dynamo_thunderagent.quantile import percentile
-
-
-@dataclass(frozen=True)
-class Background:
-    """Sessionless requests beside the agents (see the module docstring)."""
-
-    concurrency: int
-    prompt_tokens: int = 800
-    output_tokens: int = 64
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.prompt_tokens < 1 or self.output_tokens < 1:
-            raise ValueError(
-                f"background traffic needs concurrency, prompt tokens and output tokens >= 1, "
-                f"got {self.concurrency}:{self.prompt_tokens}:{self.output_tokens}")
-
-    @classmethod
-    def parse(cls, text: str) -> Background:
-        """``CONCURRENCY`` or ``CONCURRENCY:PROMPT_TOKENS:OUTPUT_TOKENS``."""
-        parts = text.split(":")
-        try:
-            if len(parts) not in (1, 3):
-                raise ValueError("one or three fields")
-            values = [int(p) for p in parts]
-        except ValueError:
-            raise ValueError(
-                f"--background {text!r}: give CONCURRENCY or "
-                "CONCURRENCY:PROMPT_TOKENS:OUTPUT_TOKENS, whole numbers (e.g. 8 or 8:800:64)"
-            ) from None
-        return cls(*values)
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dynamo_thunderagent.bench.calibration.mocker import StackGeometry
-from dynamo_thunderagent.bench.driver import Background
 from dynamo_thunderagent.bench.live_markdown import render_markdown
 from dynamo_thunderagent.bench.live_observer import Observer
 from dynamo_thunderagent.bench.live_report import build_report, make_row
@@ -148,6 +147,7 @@ from dynamo_thunderagent.bench.runner import (
     run_stack,
 )
 from dynamo_thunderagent.bench.shapes import SHAPES, shape_token_factor
+from dynamo_thunderagent.bench.workload import Background
 from dynamo_thunderagent.policy_files import policy_with_host_tier
 
 # ============================================================================================

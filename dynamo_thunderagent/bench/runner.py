@@ -27,8 +27,8 @@ from dynamo_thunderagent.stack.arms import arm_named
 from dynamo_thunderagent.stack.figures import scheduler_figures
 
 if TYPE_CHECKING:
-    from dynamo_thunderagent.bench.driver import Background
     from dynamo_thunderagent.bench.records import RunResult
+    from dynamo_thunderagent.bench.workload import Background
     from dynamo_thunderagent.stack.launcher import LocalStack
 
 

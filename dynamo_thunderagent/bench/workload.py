@@ -321,3 +321,35 @@ def agent_stream(spec: AgentSource, seed: int) -> Iterator[AgentPlan]:
     while True:
         yield spec.agent(index, seed)
         index += 1
+
+
+@dataclass(frozen=True)
+class Background:
+    """Other tenants' traffic beside the agents: ``concurrency`` loops of requests without a
+    session id, each of ``prompt_tokens`` unique prompt tokens and ``output_tokens`` generated,
+    sent back to back (``bench live --background``, ``bench sim --background``)."""
+
+    concurrency: int
+    prompt_tokens: int = 800
+    output_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.prompt_tokens < 1 or self.output_tokens < 1:
+            raise ValueError(
+                f"background traffic needs concurrency, prompt tokens and output tokens >= 1, "
+                f"got {self.concurrency}:{self.prompt_tokens}:{self.output_tokens}")
+
+    @classmethod
+    def parse(cls, text: str) -> Background:
+        """``CONCURRENCY`` or ``CONCURRENCY:PROMPT_TOKENS:OUTPUT_TOKENS``."""
+        parts = text.split(":")
+        try:
+            if len(parts) not in (1, 3):
+                raise ValueError("one or three fields")
+            values = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(
+                f"--background {text!r}: give CONCURRENCY or "
+                "CONCURRENCY:PROMPT_TOKENS:OUTPUT_TOKENS, whole numbers (e.g. 8 or 8:800:64)"
+            ) from None
+        return cls(*values)

@@ -55,6 +55,13 @@ def _cases() -> dict[str, list[str]]:
     cases["tiered-arms"] = [*tiered, "--arms", ALL_ARMS]
     cases["tiered-minus_host_tier"] = [*tiered, "--arms", "ours", "--policy",
                                        str(POLICIES / "ablations" / "minus_host_tier.yaml")]
+    # Other tenants' sessionless traffic beside the agents, with sessionless_kv's two settings.
+    background = ["--regime", "calibrated", "--workload", "synthetic",
+                  "--background", "8:8000:640"]
+    cases["calibrated-background-arms"] = [*background, "--arms", "ours,stock"]
+    cases["calibrated-background-minus_sessionless_kv"] = [
+        *background, "--arms", "ours", "--policy",
+        str(POLICIES / "ablations" / "minus_sessionless_kv.yaml")]
     return cases
 
 

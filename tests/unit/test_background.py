@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from dynamo_thunderagent.bench import live
-from dynamo_thunderagent.bench.driver import Background, _background_figures, _Run
+from dynamo_thunderagent.bench.driver import _background_figures, _Run
 from dynamo_thunderagent.bench.prompts import PromptText, TemplateOverhead
+from dynamo_thunderagent.bench.workload import Background
 from dynamo_thunderagent.cli import build_parser
 
 

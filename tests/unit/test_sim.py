@@ -7,6 +7,7 @@ import random
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from dynamo_thunderagent import cli
 from dynamo_thunderagent.bench.sim.arms import (
     UPSTREAM_PARAMETERS,
     ProgramArm,
+    StockArm,
     build_arm,
 )
 from dynamo_thunderagent.bench.sim.engine import EngineConfig, EventLoop, SimRequest, Worker
@@ -28,8 +30,9 @@ from dynamo_thunderagent.bench.sim.run import (
 )
 from dynamo_thunderagent.bench.sim.simulation import RunConfig, Simulation
 from dynamo_thunderagent.bench.sim.timing import TimingModel
+from dynamo_thunderagent.bench.workload import Background
 from dynamo_thunderagent.capacity import CapacityCard
-from dynamo_thunderagent.policy_files import PARITY_POLICY
+from dynamo_thunderagent.policy_files import EXTENDED_POLICY, PARITY_POLICY
 from dynamo_thunderagent.program import Phase, WorkerKey
 from dynamo_thunderagent.scheduler import Scheduler
 
@@ -244,3 +247,108 @@ def test_bench_sim_names_a_bad_policy(tmp_path: Path,
     code = cli.main(["bench", "sim", "--policy", str(policy), "--agents", "2"])
     assert code == 2
     assert "pause_threshold" in capsys.readouterr().err
+
+
+# ---- other tenants' traffic (--background) ------------------------------------------------
+class _Recording(StockArm):
+    """Stock routing that records which hooks hear of which request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str, int | None]] = []
+
+    def submit_sessionless(self, request: SimRequest) -> None:
+        self.calls.append(("submit", request.request_id, request.worker))
+        super().submit_sessionless(request)
+
+    def sessionless_started(self, request: SimRequest) -> None:
+        self.calls.append(("started", request.request_id, request.worker))
+
+    def sessionless_ended(self, request: SimRequest) -> None:
+        self.calls.append(("ended", request.request_id, request.worker))
+
+    def first_token(self, request: SimRequest) -> None:
+        self.calls.append(("turn", request.request_id, request.worker))
+
+
+def _run_with_background(arm: Any, background: Background, agents: int = 8) -> Any:
+    scenario = _small(40.0)
+    config = RunConfig(agents=agents, workers=scenario.workers, engine=scenario.engine(),
+                       warmup_s=scenario.warmup_s, window_s=scenario.window_s,
+                       background=background)
+    return Simulation(config, arm, scenario.plans(0)).run()
+
+
+def test_background_requests_run_beside_the_agents_each_heard_of_once_in_order() -> None:
+    arm = _Recording()
+    result = _run_with_background(arm, Background(3, 500, 20))
+    assert result.drained and result.problems == ()
+    sessionless = [c for c in arm.calls if c[0] != "turn"]
+    ids = {request_id for _, request_id, _ in sessionless}
+    assert len(ids) > 3  # the loops went on, back to back
+    for request_id in ids:
+        seen = [(kind, worker) for kind, rid, worker in sessionless if rid == request_id]
+        assert [kind for kind, _ in seen] == ["submit", "started", "ended"], seen
+        assert seen[1][1] is not None and seen[1][1] == seen[2][1]  # on one worker
+    # They are no agent's: the turn hooks never hear of them, and they are not turns.
+    assert not ids & {request_id for kind, request_id, _ in arm.calls if kind == "turn"}
+    assert result.background is not None and result.background["completed"] > 0
+    assert result.background["latency_p50_s"] > 0
+    assert "background" in result.to_dict()
+
+
+def test_without_background_the_figures_read_as_before() -> None:
+    scenario = _small(20.0)
+    config = RunConfig(agents=2, workers=scenario.workers, engine=scenario.engine(),
+                       warmup_s=scenario.warmup_s, window_s=scenario.window_s)
+    result = Simulation(config, StockArm(), scenario.plans(0)).run()
+    assert result.background is None and "background" not in result.to_dict()
+    assert "background" not in scenario.describe()
+
+
+def test_ours_holds_room_for_running_sessionless_requests_and_gives_it_all_back() -> None:
+    sim: Simulation | None = None
+    arm = build_arm("ours", policy=str(EXTENDED_POLICY), ttl_s=1.0,
+                    clock=lambda: sim.now() if sim is not None else 0.0)
+    assert isinstance(arm, ProgramArm)
+    assert arm.scheduler.params.sessionless_kv == "reserve"
+    held: list[int] = []
+    started = arm.sessionless_started
+
+    def spy(request: SimRequest) -> None:
+        started(request)
+        held.append(sum(arm.scheduler.snapshot(0.0)["sessionless_tokens"].values()))
+
+    arm.sessionless_started = spy  # type: ignore[method-assign]
+    scenario = _small(40.0)
+    config = RunConfig(agents=8, workers=scenario.workers, engine=scenario.engine(),
+                       warmup_s=scenario.warmup_s, window_s=scenario.window_s,
+                       background=Background(3, 500, 20))
+    sim = Simulation(config, arm, scenario.plans(0))
+    result = sim.run()
+    assert result.drained and result.problems == ()
+    assert held and min(held) >= 500  # each start holds at least its own prompt
+    assert arm.scheduler.snapshot(sim.now())["sessionless_tokens"] == {}
+
+
+def test_bench_sim_background_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["bench", "sim", "--regime", "cheap-recompute", "--agents", "3",
+                     "--arms", "ours,stock", "--window-s", "20", "--warmup-s", "5",
+                     "--background", "2:300:16"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "other tenants: 2 loops of sessionless requests, 300 unique prompt" in out
+    assert "- N=3 stock: " in out
+    for bad, message in (("0", "needs concurrency"), ("2:300", "CONCURRENCY:PROMPT_TOKENS"),
+                         ("2:99999999:1", "exceed a worker's KV pool")):
+        assert cli.main(["bench", "sim", "--agents", "2", "--background", bad]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_background_prompts_larger_than_a_worker_are_refused_up_front() -> None:
+    scenario = _small(20.0)
+    config = RunConfig(agents=2, workers=scenario.workers, engine=scenario.engine(),
+                       warmup_s=scenario.warmup_s, window_s=scenario.window_s,
+                       background=Background(1, scenario.engine().capacity_tokens + 1, 1))
+    with pytest.raises(ValueError, match="exceed a worker's KV pool"):
+        Simulation(config, StockArm(), scenario.plans(0))

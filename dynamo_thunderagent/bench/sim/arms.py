@@ -94,6 +94,17 @@ class Arm(ABC):
     def first_token(self, request: SimRequest) -> None:
         """The turn's first token was produced."""
 
+    def submit_sessionless(self, request: SimRequest) -> None:
+        """A request without a session id was sent: routed at once as stock KV routing
+        routes it (every arm passes such requests through, as the live routers do)."""
+        self.host.dispatch(request.request_id, kv_route(self.host.cluster, request, None))
+
+    def sessionless_started(self, request: SimRequest) -> None:
+        """That request produced its first token on ``request.worker``."""
+
+    def sessionless_ended(self, request: SimRequest) -> None:
+        """That request finished."""
+
     def completed(self, request: SimRequest) -> None:
         """The turn finished; the program's cache holds ``request.context_tokens``."""
 
@@ -229,6 +240,16 @@ class ProgramArm(Arm):
 
     def first_token(self, request: SimRequest) -> None:
         self._apply(self.scheduler.responding(request.request_id, self.host.now()))
+
+    def sessionless_started(self, request: SimRequest) -> None:
+        # The live router learns the serving worker from the first chunk, as here.
+        assert request.worker is not None
+        self._apply(self.scheduler.sessionless_started(
+            request.request_id, WorkerKey(request.worker, 0), request.prompt_tokens,
+            self.host.now()))
+
+    def sessionless_ended(self, request: SimRequest) -> None:
+        self._apply(self.scheduler.sessionless_ended(request.request_id, self.host.now()))
 
     def completed(self, request: SimRequest) -> None:
         # The engine's timings of the turn, as the router hands them over.

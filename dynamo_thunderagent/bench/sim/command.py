@@ -32,6 +32,7 @@ from dynamo_thunderagent.bench.sim.run import (
     tool_time_p90,
 )
 from dynamo_thunderagent.bench.trace import DEFAULT_TRACE
+from dynamo_thunderagent.bench.workload import Background
 from dynamo_thunderagent.catalog import PluginError
 from dynamo_thunderagent.config import PolicyError
 
@@ -69,6 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-scale", type=float, help="multiply every tool time")
     parser.add_argument("--no-reuse-output", action="store_true",
                         help="clients do not send replies back verbatim (like the live driver)")
+    parser.add_argument("--background", metavar="C[:P:O]",
+                        help="other tenants' traffic beside the agents: C loops of requests "
+                        "without a session id, P unique prompt and O output tokens each "
+                        "(default 800 and 64), back to back, as bench live --background")
     parser.add_argument("--window-s", type=float, help="steady window, simulated seconds")
     parser.add_argument("--warmup-s", type=float, help="warm-up dropped before the window")
     parser.add_argument("--policy", help=f"router-policy YAML for arm ours "
@@ -120,6 +125,14 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     if args.time_scale is not None:
         workload = replace(workload, time_scale=args.time_scale)
     workload.validate()
+    if args.background is not None:
+        background = Background.parse(args.background)
+        pool = overrides.get("blocks", scenario.blocks) * overrides.get(
+            "block_size", scenario.block_size)
+        if background.prompt_tokens > pool:
+            raise ValueError(f"--background: prompts of {background.prompt_tokens} tokens "
+                             f"exceed a worker's KV pool ({pool} tokens)")
+        overrides["background"] = background
     scenario = replace(scenario, workload=workload, **overrides)
     agents = args.agents or sweep_agents(scenario, args.seed)
     ttl = args.ttl_s if args.ttl_s is not None else tool_time_p90(scenario, args.seed)

@@ -48,7 +48,12 @@ from dynamo_thunderagent.bench.trace import (
     load_trace,
     replay_stream,
 )
-from dynamo_thunderagent.bench.workload import AgentPlan, WorkloadSpec, agent_stream
+from dynamo_thunderagent.bench.workload import (
+    AgentPlan,
+    Background,
+    WorkloadSpec,
+    agent_stream,
+)
 
 SWEEP_FACTORS = (0.5, 1.0, 1.5, 2.0, 3.0)
 SAMPLE_AGENTS = 64  # plans sampled to size the sweep and the TTL
@@ -73,6 +78,7 @@ class Scenario:
     reuse_output: bool = True
     host_blocks: int = 0  # host tier per worker (0: none)
     host_copy_s_per_token: float = 0.0
+    background: Background | None = None  # other tenants' sessionless requests
 
     def engine(self) -> EngineConfig:
         return EngineConfig(self.blocks, self.block_size, self.timing, self.max_num_seqs,
@@ -98,6 +104,8 @@ class Scenario:
         data["capacity_tokens"] = self.capacity_tokens
         if not self.host_blocks:  # no host tier: described as before there was one
             del data["host_blocks"], data["host_copy_s_per_token"]
+        if self.background is None:  # likewise without other tenants' traffic
+            del data["background"]
         return data
 
 
@@ -163,7 +171,8 @@ def run_one(scenario: Scenario, arm_name: str, agents: int, seed: int,
     """One deterministic run of ``arm_name`` with ``agents`` agents."""
     config = RunConfig(agents=agents, workers=scenario.workers, engine=scenario.engine(),
                        warmup_s=scenario.warmup_s, window_s=scenario.window_s,
-                       client_overhead_s=scenario.client_overhead_s)
+                       client_overhead_s=scenario.client_overhead_s,
+                       background=scenario.background)
     sim: Simulation | None = None
 
     def clock() -> float:
@@ -209,6 +218,10 @@ def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
         + f"; client overhead {s.client_overhead_s:g} s per turn",
         f"- window: {s.window_s:g} s after {s.warmup_s:g} s warm-up (simulated); "
         f"ours: {spec.policy or DEFAULT_POLICY.name}; ttl-pinning TTL {spec.ttl_s:.2f} s",
+        *([] if s.background is None else [
+            f"- other tenants: {s.background.concurrency} loops of sessionless requests, "
+            f"{s.background.prompt_tokens} unique prompt and {s.background.output_tokens} "
+            "output tokens each, back to back"]),
         "",
         "steps/min (x stock):",
         "",
@@ -236,6 +249,11 @@ def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
             f"{r.recomputed_tokens:,} | {_f(r.latency_p50_s)} / {_f(r.latency_p99_s)} | "
             f"{_f(r.wait_p50_s)} / {_f(r.wait_p99_s)} / {_f(r.wait_max_s)} | {r.pauses} | "
             f"{r.resumes} | {r.moves} | {r.busy_fraction:.2f} | {len(r.problems)} |")
+    if s.background is not None:
+        lines += ["", "other tenants' requests finished in the window / p50 latency s:", ""]
+        lines += [f"- N={r.agents} {r.arm}: {r.background['completed']} / "
+                  f"{_f(r.background['latency_p50_s'], 2)}"
+                  for r in results if r.background is not None]
     problems = [f"- N={r.agents} {r.arm}: {p}" for r in results for p in r.problems]
     if problems:
         lines += ["", "problems:", *problems]

@@ -32,6 +32,14 @@ Figures (:class:`SimFigures`) count turns that *finished* inside the steady wind
   the end of the window (a starved agent shows even if it never got through);
 * pauses, resumes, forced resumes, moves (a turn routed to another worker than its
   program's previous turn): counted inside the window.
+
+Other tenants' traffic (``RunConfig.background``, ``bench sim --background``; the live
+driver's ``Background``): ``concurrency`` loops send requests without a session id, each of
+unique prompt tokens that nothing can hit, back to back from the start until the window
+closes. The arm routes them as stock KV routing does (:meth:`~.arms.Arm.submit_sessionless`)
+and hears when each starts producing tokens and when it ends, as the live router does. They
+are not turns: ``SimFigures.background`` counts those that finished inside the window and
+their median latency (sent -> last token).
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from dynamo_thunderagent.bench.sim.engine import (
     SimRequest,
     Worker,
 )
-from dynamo_thunderagent.bench.workload import AgentPlan
+from dynamo_thunderagent.bench.workload import AgentPlan, Background
 from dynamo_thunderagent.quantile import percentile
 
 
@@ -66,6 +74,7 @@ class RunConfig:
     window_s: float
     drain_limit_s: float = 7200.0
     client_overhead_s: float = 0.0
+    background: Background | None = None  # other tenants' sessionless requests
 
     def validate(self) -> None:
         if self.agents < 1 or self.workers < 1:
@@ -73,6 +82,10 @@ class RunConfig:
                              f"{self.workers}")
         if self.warmup_s < 0 or self.window_s <= 0:
             raise ValueError("need warmup_s >= 0 and window_s > 0")
+        if (self.background is not None
+                and self.background.prompt_tokens > self.engine.capacity_tokens):
+            raise ValueError(f"background prompts of {self.background.prompt_tokens} tokens "
+                             f"exceed a worker's KV pool ({self.engine.capacity_tokens})")
 
 
 @dataclass(frozen=True)
@@ -107,10 +120,15 @@ class SimFigures:
     errors: int
     drained: bool
     problems: tuple[str, ...] = field(default_factory=tuple)
+    # Other tenants' requests finished inside the window and their median latency; None
+    # without background traffic.
+    background: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["problems"] = list(self.problems)
+        if self.background is None:  # no such traffic: the record reads as before it existed
+            del data["background"]
         return data
 
 
@@ -158,6 +176,10 @@ class Simulation:
         self._snapshots: list[dict[str, float]] = []
         self._deferred_at_end: list[float] = []
         self._problems_at_end: list[str] = []
+        # Other tenants' requests in flight, by id, with the loop that sent each.
+        self._background: dict[str, tuple[int, SimRequest]] = {}
+        self._background_sent = 0
+        self._background_latencies: list[float] = []  # finished inside the window
         arm.bind(self)
 
     # ---- ArmHost ----------------------------------------------------------------------
@@ -169,6 +191,11 @@ class Simulation:
         return self.loop.now
 
     def dispatch(self, request_id: str, worker: int) -> None:
+        if request_id in self._background:
+            _, request = self._background[request_id]
+            request.released_at = self.loop.now
+            self._cluster[worker].submit(request)
+            return
         agent, request = self._requests[request_id]
         request.released_at = self.loop.now
         if agent.worker is not None and agent.worker != worker:
@@ -183,7 +210,7 @@ class Simulation:
         self._end_agent(agent, completed=False)
 
     def in_flight(self, request_id: str) -> bool:
-        return request_id in self._dispatched
+        return request_id in self._dispatched or request_id in self._background
 
     # ---- the run ----------------------------------------------------------------------
     def run(self) -> SimFigures:
@@ -191,13 +218,17 @@ class Simulation:
         loop = self.loop
         for slot in range(self.config.agents):
             self._start_agent(slot)
+        background = self.config.background
+        for lane in range(background.concurrency if background else 0):
+            self._send_background(lane)
         if self.arm.tick_interval:
             loop.at(self.arm.tick_interval, self._tick)
         loop.at(self._window_start, self._snapshot)
         loop.at(self._window_end, self._stop)
         limit = self._window_end + self.config.drain_limit_s
-        loop.run(limit, done=lambda: self.stopping and not self._agents)
-        drained = not self._agents
+        loop.run(limit, done=lambda: self.stopping and not self._agents
+                 and not self._background)
+        drained = not self._agents and not self._background
         if drained:
             self._cluster.check()
         return self._result(drained)
@@ -237,10 +268,37 @@ class Simulation:
             return
         self.arm.submit(request)
 
+    def _send_background(self, lane: int) -> None:
+        """The next request of background loop ``lane``: a prompt nothing can hit (its
+        own chain), no session id."""
+        background = self.config.background
+        if self.stopping or background is None:
+            return
+        request_id = f"\0sessionless-{self._background_sent}"  # session ids never hold NUL
+        self._background_sent += 1
+        request = SimRequest(request_id=request_id, session_id=request_id, turn=0,
+                             prompt_tokens=background.prompt_tokens,
+                             output_tokens=background.output_tokens, system_tokens=0,
+                             sent_at=self.loop.now)
+        self._background[request_id] = (lane, request)
+        self.arm.submit_sessionless(request)
+
     def _first_token(self, request: SimRequest) -> None:
+        if request.request_id in self._background:
+            self.arm.sessionless_started(request)
+            return
         self.arm.first_token(request)
 
     def _finished(self, request: SimRequest) -> None:
+        if request.request_id in self._background:
+            lane, _ = self._background.pop(request.request_id)
+            now = self.loop.now
+            if self._window_start <= now < self._window_end:
+                self._background_latencies.append(now - request.sent_at)
+            self.arm.sessionless_ended(request)
+            self.loop.at(now + self.config.client_overhead_s,
+                         lambda: self._send_background(lane))
+            return
         agent, _ = self._requests.pop(request.request_id)
         self._dispatched.discard(request.request_id)
         now = self.loop.now
@@ -332,6 +390,11 @@ class Simulation:
         problems += self.arm.problems(drained=drained) if drained else [
             f"{len(self._agents)} agents had not ended {self.config.drain_limit_s:g} s "
             "after the window"]
+        background = None
+        if self.config.background is not None:
+            p50 = percentile(self._background_latencies, 0.50)
+            background = {"completed": len(self._background_latencies),
+                          "latency_p50_s": None if p50 is None else round(p50, 3)}
         return SimFigures(
             arm=self.arm.name,
             agents=self.config.agents,
@@ -356,4 +419,5 @@ class Simulation:
             errors=self.errors,
             drained=drained,
             problems=tuple(problems),
+            background=background,
         )
