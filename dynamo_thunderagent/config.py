@@ -195,6 +195,15 @@ class ThunderAgentParameters(_Strict):
     programs first, as for any pressure) instead of letting the engine evict programs'
     caches to find it. ``ignore`` (parity): programs are charged against the whole
     capacity, as if no other traffic shared the workers."""
+    sessionless_kv_full_loss: float | None = Field(None, gt=0.0, le=1.0)
+    """With ``sessionless_kv: reserve``, how much of that room a rank takes off follows
+    what its engine is losing of the caches programs expect there (``cache_loss``: the
+    recent share of a continuing turn's expected prefix the engine no longer had): that
+    loss divided by this value, all of it from this loss up, none while the engine loses
+    nothing. Where the engine keeps programs' caches anyway (it has room the usage figures
+    do not see, as with many small programs sharing a prompt), a reservation only holds
+    programs back. A rank with no continuing turn measured yet takes off all of it. None:
+    all of it, whatever the engine does."""
     min_residency_seconds: float = Field(0.0, ge=0.0, le=DAY)
     """A program resumed or admitted less than this long ago is not paused (churn guard)."""
     idle_horizon_factor: float | None = Field(None, gt=0.0, le=1000.0)
@@ -299,6 +308,11 @@ class ThunderAgentParameters(_Strict):
         if self.aging_makes_room and self.max_wait_seconds is None:
             raise ValueError("aging_makes_room needs max_wait_seconds (the wait after which "
                              "room is made); set it, or turn aging_makes_room off")
+        if self.sessionless_kv_full_loss is not None and self.sessionless_kv != "reserve":
+            raise ValueError("sessionless_kv_full_loss scales the room reserved for requests "
+                             "without a session id, which sessionless_kv: "
+                             f"{self.sessionless_kv} does not reserve; set sessionless_kv: "
+                             "reserve, or remove sessionless_kv_full_loss")
         if self.aging_makes_room and self.pause_rule == "upstream":
             raise ValueError("aging_makes_room works with pause_rule parity only (the "
                              "upstream rule has no aging); turn one of them off")

@@ -554,8 +554,16 @@ class Scheduler:
         return d
 
     def _reserve(self, worker: WorkerKey) -> None:
-        held = self._sessionless_by_rank.get(worker, 0)
-        self.capacity.reserve(worker, held if self.params.sessionless_kv == "reserve" else 0)
+        """Take what sessionless requests hold on ``worker`` off its capacity, as far as
+        the policy says (``sessionless_kv``, ``sessionless_kv_full_loss``)."""
+        held = (self._sessionless_by_rank.get(worker, 0)
+                if self.params.sessionless_kv == "reserve" else 0)
+        scale = self.params.sessionless_kv_full_loss
+        if held and scale is not None:
+            loss = self.cache_loss.loss_ratio(worker)
+            if loss is not None:
+                held = int(held * min(1.0, loss / scale))
+        self.capacity.reserve(worker, held)
 
     def _advance(self, program: Program, now: float, d: Decisions) -> None:
         """Start the session's next turn, end it if only session-final is left, or else
@@ -679,6 +687,9 @@ class Scheduler:
         d = Decisions()
         self._sweep(now, d)
         self._set_hold()
+        if self.params.sessionless_kv_full_loss is not None:
+            for worker in self._sessionless_by_rank:  # the engine's loss moved since
+                self._reserve(worker)
         self.idle.find_dormant(now)
         self.resume_waiting(now, d)
         if self._make_room_for_aged(now, d):
@@ -846,9 +857,11 @@ class Scheduler:
         state["parameters"] = self.params.model_dump()
         state["cache_loss"] = self.cache_loss.snapshot()
         state["acting_hold_seconds"] = self.usage_model.hold_seconds
-        # Prompt tokens of requests without a session id running now, per rank (reserved
-        # from its capacity with sessionless_kv: reserve).
+        # Prompt tokens of requests without a session id running now, per rank, and how
+        # many of them are taken off its capacity (sessionless_kv, sessionless_kv_full_loss).
         state["sessionless_tokens"] = {str(w): t for w, t in self._sessionless_by_rank.items()}
+        state["sessionless_reserved_tokens"] = {
+            str(w): self.capacity.reserved(w) for w in self._sessionless_by_rank}
         state["acting_yield_seconds"] = self.yield_seconds
         # The turns waiting for room, longest wait first (what `top` shows as the queue).
         state["deferred"] = [

@@ -34,6 +34,9 @@ LEFT_OFF: dict[str, dict[str, Any]] = {
     "acting_yield": {"acting_yield_factor": 1.0},
     "aging_makes_room": {"aging_makes_room": True, "max_wait_seconds": 60},
 }
+# Extended-policy parameters that work only beside others: their ``plus_`` file adds what
+# they need too, and the ``minus_`` file of what they need drops them as well.
+NEEDS: dict[str, tuple[str, ...]] = {"sessionless_kv_full_loss": ("sessionless_kv",)}
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -55,9 +58,11 @@ def ablations() -> dict[str, dict[str, Any]]:
     full = extended["request_classifier"]["parameters"]
     out: dict[str, dict[str, Any]] = {}
     for name in sorted(set(full) - set(base)):
-        out[f"plus_{name}"] = _with_parameters(parity, {**base, name: full[name]})
+        needed = {n: full[n] for n in NEEDS.get(name, ())}
+        out[f"plus_{name}"] = _with_parameters(parity, {**base, **needed, name: full[name]})
+        gone = {name, *(n for n, needs in NEEDS.items() if name in needs)}
         out[f"minus_{name}"] = _with_parameters(
-            extended, {k: v for k, v in full.items() if k != name})
+            extended, {k: v for k, v in full.items() if k not in gone})
     for label, tried in sorted(LEFT_OFF.items()):
         out[f"plus_{label}"] = _with_parameters(parity, {**base, **tried})
         out[f"with_{label}"] = _with_parameters(extended, {**full, **tried})

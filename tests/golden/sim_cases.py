@@ -59,9 +59,10 @@ def _cases() -> dict[str, list[str]]:
     background = ["--regime", "calibrated", "--workload", "synthetic",
                   "--background", "8:8000:640"]
     cases["calibrated-background-arms"] = [*background, "--arms", "ours,stock"]
-    cases["calibrated-background-minus_sessionless_kv"] = [
-        *background, "--arms", "ours", "--policy",
-        str(POLICIES / "ablations" / "minus_sessionless_kv.yaml")]
+    for ablation in ("minus_sessionless_kv", "minus_sessionless_kv_full_loss"):
+        cases[f"calibrated-background-{ablation}"] = [
+            *background, "--arms", "ours", "--policy",
+            str(POLICIES / "ablations" / f"{ablation}.yaml")]
     return cases
 
 

@@ -87,6 +87,13 @@ def test_default_policy_uses_only_parameters_dynamo_knows() -> None:
          "resume_on_events: Input should be a valid boolean"),
         ("request_classifier: {type: thunderagent, parameters: {sessionless_kv: keep}}\n",
          "sessionless_kv: Input should be 'ignore' or 'reserve'"),
+        ("request_classifier: {type: thunderagent, parameters: "
+         "{sessionless_kv_full_loss: 0.1}}\n",
+         "sessionless_kv_full_loss scales the room reserved for requests without a session "
+         "id, which sessionless_kv: ignore does not reserve"),
+        ("request_classifier: {type: thunderagent, parameters: "
+         "{sessionless_kv: reserve, sessionless_kv_full_loss: 0}}\n",
+         "sessionless_kv_full_loss: Input should be greater than 0"),
         ("request_classifier: {type: thunderagent, parameters: {pause_threshold: 0.9}}\n"
          "request_classifier: {type: thunderagent}\n",
          "key 'request_classifier' appears twice (lines 1 and 2)"),

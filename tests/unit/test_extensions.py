@@ -1018,6 +1018,38 @@ def test_a_worker_refresh_keeps_what_sessionless_traffic_holds() -> None:
     assert h.scheduler.capacity.known[W0] == 2_000
 
 
+def test_the_room_reserved_follows_the_engines_cache_loss_with_full_loss_set() -> None:
+    h = _sessionless(sessionless_kv_full_loss=0.1)
+    h.acting_on("a", W0, 500)
+    h.scheduler.sessionless_started("chat-1", W0, 400, h.now)
+    assert h.scheduler.capacity.known[W0] == 600  # no loss measured yet: all of it
+    rid, d = h.turn("b", 200)  # 500 + 200 > 600 x 0.95: waits
+    assert d.outcome(rid) is None
+    loss = h.scheduler.cache_loss
+    loss.observe(W0, 1_000, 1_000)  # the engine kept everything programs expected
+    d = h.tick()  # ... so nothing is held back for the chat, and b goes in at once
+    assert h.scheduler.capacity.known[W0] == 1_000 and isinstance(d.outcome(rid), Release)
+    for _ in range(3):
+        loss.observe(W0, 1_000, 500)  # it starts to lose half of it
+    ratio = loss.loss_ratio(W0)
+    assert ratio is not None and ratio >= 0.1
+    h.tick()
+    assert h.scheduler.capacity.known[W0] == 600  # from a 10% loss up: all of it again
+    state = h.scheduler.snapshot(h.now)
+    assert state["sessionless_reserved_tokens"] == {str(W0): 400}
+
+
+def test_a_partial_loss_reserves_that_share_of_the_room() -> None:
+    h = _sessionless(sessionless_kv_full_loss=0.2)
+    h.scheduler.cache_loss.observe(W0, 1_000, 950)  # 5% lost: a quarter of 0.2
+    h.scheduler.sessionless_started("chat-1", W0, 400, h.now)
+    assert h.scheduler.capacity.reserved(W0) == 100
+    assert h.scheduler.capacity.known[W0] == 900
+    h.scheduler.sessionless_ended("chat-1", h.now)
+    assert h.scheduler.capacity.known[W0] == 1_000
+    assert h.scheduler.snapshot(h.now)["sessionless_reserved_tokens"] == {}
+
+
 def test_sessionless_bookkeeping_ignores_repeats_and_unknown_ids_and_is_bounded() -> None:
     h = _sessionless(max_tracked_requests=2)
     for rid in ("c1", "c1", "c2", "c3"):  # c1 twice; c3 is past the bound
