@@ -2,7 +2,9 @@
 
 Refreshed every ``--interval`` seconds (default 1): each worker/rank's usage against
 its capacity and thresholds (pause above ``pause_threshold``, resume below
-``pause_threshold - resume_hysteresis``), the resident and paused programs, the turns
+``pause_threshold - resume_hysteresis``) and the prompt tokens of requests without a session
+id running there (with what is taken off its capacity for them), the resident and paused
+programs, the turns
 waiting for room with how long each has waited, and the scheduler's recent decisions.
 It only reads GET /state, so it runs anywhere the state port is reachable (loopback by
 default: ``ssh -L`` to watch a remote router).
@@ -82,6 +84,12 @@ def _seconds(value: float) -> str:
     return f"{value / 60:.1f}m" if value < 3600 else f"{value / 3600:.1f}h"
 
 
+def _sessionless(held: int | None, reserved: int | None) -> str:
+    if not held:
+        return "-"
+    return f"{held:,} ({reserved or 0:,} off)"
+
+
 def _ranks(scheduler: dict[str, Any], params: dict[str, Any]) -> Table:
     pause = float(params.get("pause_threshold", 0.95))
     resume = pause - float(params.get("resume_hysteresis", 0.10))
@@ -91,8 +99,12 @@ def _ranks(scheduler: dict[str, Any], params: dict[str, Any]) -> Table:
     for column in ("capacity", "usage"):
         table.add_column(column, justify="right")
     table.add_column("usage / capacity", no_wrap=True, min_width=BAR_WIDTH + 8)
-    for column in ("pause at", "resume below", "resident", "paused here"):
+    for column in ("pause at", "resume below", "resident", "paused here", "sessionless"):
         table.add_column(column, justify="right")
+    # Other tenants' requests running on each rank, and what is taken off its capacity for
+    # them (sessionless_kv, sessionless_kv_full_loss).
+    held = scheduler.get("sessionless_tokens") or {}
+    reserved = scheduler.get("sessionless_reserved_tokens") or {}
     paused_here: dict[str, int] = {}
     for program in scheduler.get("programs", {}).values():
         if program.get("lifecycle") == "paused" and program.get("worker"):
@@ -105,9 +117,10 @@ def _ranks(scheduler: dict[str, Any], params: dict[str, Any]) -> Table:
         table.add_row(rank, _tokens(capacity), _tokens(usage), bar,
                       _tokens(None if not capacity else capacity * pause),
                       _tokens(None if not capacity else capacity * resume),
-                      str(figures.get("programs", 0)), str(paused_here.get(rank, 0)))
+                      str(figures.get("programs", 0)), str(paused_here.get(rank, 0)),
+                      _sessionless(held.get(rank), reserved.get(rank)))
     if not scheduler.get("ranks"):
-        table.add_row("(no worker with capacity yet)", "", "", "", "", "", "", "")
+        table.add_row("(no worker with capacity yet)", "", "", "", "", "", "", "", "")
     return table
 
 

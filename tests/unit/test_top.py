@@ -70,6 +70,23 @@ def test_the_view_shows_ranks_against_thresholds_programs_waits_and_decisions() 
     assert "recent decisions" in screen and "paused" in screen and "no room" in screen
 
 
+def test_the_view_shows_what_requests_without_a_session_id_hold_on_each_rank() -> None:
+    scheduler = Scheduler(ThunderAgentParameters(sessionless_kv="reserve",
+                                                 sessionless_kv_full_loss=0.1))
+    scheduler.set_workers(frozenset({W0.worker_id, W1.worker_id}),
+                          {W0: CapacityCard(10_000, 1), W1: CapacityCard(10_000, 1)})
+    scheduler.cache_loss.observe(W1, 1_000, 980)  # W1's engine lost 2%: a fifth is taken off
+    scheduler.sessionless_started("chat-1", W0, 1_234, NOW)
+    scheduler.sessionless_started("chat-2", W1, 4_321, NOW)
+    state = {**canned_state(), "scheduler": scheduler.snapshot(NOW)}
+    console = Console(record=True, width=200, color_system=None)
+    console.print(render(state, url="http://127.0.0.1:8090/state", now=NOW))
+    screen = console.export_text()
+    assert "sessionless" in screen
+    assert "1,234 (1,234 off)" in screen  # no loss measured on W0 yet: all of it
+    assert "4,321 (864 off)" in screen
+
+
 def test_an_unreachable_router_is_said_and_the_last_state_kept() -> None:
     console = Console(record=True, width=160, color_system=None)
     console.print(render(canned_state(), url="u", now=NOW, error="Connection refused"))
