@@ -87,6 +87,13 @@ class Capacity:
         """Tokens of ``worker`` reserved for traffic no program owns (0: none)."""
         return self._reserved.get(worker, 0)
 
+    def taken_off(self, worker: WorkerKey) -> int:
+        """Tokens of ``worker``'s capacity taken off for traffic no program owns now: its
+        reservation, at most half of its card (0 for a rank not in ``known``)."""
+        if worker not in self._known:
+            return 0
+        return self._cards[worker].tokens - self._known[worker]
+
     def _left(self, worker: WorkerKey, tokens: int) -> int:
         # At most half a rank is taken off: reservations count each request's whole
         # prompt, so requests that share a cached prefix are over-counted, and programs

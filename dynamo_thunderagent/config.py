@@ -202,8 +202,9 @@ class ThunderAgentParameters(_Strict):
     loss divided by this value, all of it from this loss up, none while the engine loses
     nothing. Where the engine keeps programs' caches anyway (it has room the usage figures
     do not see, as with many small programs sharing a prompt), a reservation only holds
-    programs back. A rank with no continuing turn measured yet takes off all of it. None:
-    all of it, whatever the engine does."""
+    programs back. A rank with no continuing turn measured yet takes off all of it; the loss
+    moves only with continuing turns, so a rank none of whose programs runs a turn keeps its
+    last share. None: all of it, whatever the engine does."""
     min_residency_seconds: float = Field(0.0, ge=0.0, le=DAY)
     """A program resumed or admitted less than this long ago is not paused (churn guard)."""
     idle_horizon_factor: float | None = Field(None, gt=0.0, le=1000.0)

@@ -858,10 +858,10 @@ class Scheduler:
         state["cache_loss"] = self.cache_loss.snapshot()
         state["acting_hold_seconds"] = self.usage_model.hold_seconds
         # Prompt tokens of requests without a session id running now, per rank, and how
-        # many of them are taken off its capacity (sessionless_kv, sessionless_kv_full_loss).
+        # many tokens come off its capacity for them (sessionless_kv, *_full_loss).
         state["sessionless_tokens"] = {str(w): t for w, t in self._sessionless_by_rank.items()}
         state["sessionless_reserved_tokens"] = {
-            str(w): self.capacity.reserved(w) for w in self._sessionless_by_rank}
+            str(w): self.capacity.taken_off(w) for w in self._sessionless_by_rank}
         state["acting_yield_seconds"] = self.yield_seconds
         # The turns waiting for room, longest wait first (what `top` shows as the queue).
         state["deferred"] = [

@@ -71,7 +71,7 @@ class RunResult:
     agents_started: int
     agents_completed: int
     template_overhead: dict[str, int] = field(default_factory=dict)
-    # Sessionless requests sent beside the agents (driver.Background); {} when none.
+    # Sessionless requests sent beside the agents (workload.Background); {} when none.
     background: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -994,6 +994,7 @@ def test_at_most_half_a_rank_is_reserved_for_sessionless_traffic() -> None:
     for k in range(5):
         h.scheduler.sessionless_started(f"chat-{k}", W0, 300, h.now)
     assert h.scheduler.capacity.known[W0] == 500 and h.scheduler.capacity.reserved(W0) == 1_500
+    assert h.scheduler.snapshot(h.now)["sessionless_reserved_tokens"] == {str(W0): 500}
     assert h.scheduler.capacity.largest == 1_000  # whole, for the oversize check
 
 

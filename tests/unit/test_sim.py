@@ -345,10 +345,14 @@ def test_bench_sim_background_flag(capsys: pytest.CaptureFixture[str]) -> None:
         assert message in capsys.readouterr().err
 
 
-def test_background_prompts_larger_than_a_worker_are_refused_up_front() -> None:
+@pytest.mark.parametrize("prompt_less", [-1, 16])
+def test_background_requests_larger_than_a_worker_are_refused_up_front(prompt_less: int) -> None:
+    # One that never fits would wait at the head of its worker's queue for ever; the prompt
+    # may fit while prompt and output do not.
     scenario = _small(20.0)
+    pool = scenario.engine().capacity_tokens
     config = RunConfig(agents=2, workers=scenario.workers, engine=scenario.engine(),
                        warmup_s=scenario.warmup_s, window_s=scenario.window_s,
-                       background=Background(1, scenario.engine().capacity_tokens + 1, 1))
+                       background=Background(1, pool - prompt_less, 64))
     with pytest.raises(ValueError, match="exceed a worker's KV pool"):
         Simulation(config, StockArm(), scenario.plans(0))

@@ -31,6 +31,7 @@ from dynamo_thunderagent.bench.sim.run import (
     to_json,
     tool_time_p90,
 )
+from dynamo_thunderagent.bench.sim.simulation import check_background_fits
 from dynamo_thunderagent.bench.trace import DEFAULT_TRACE
 from dynamo_thunderagent.bench.workload import Background
 from dynamo_thunderagent.catalog import PluginError
@@ -127,11 +128,10 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     workload.validate()
     if args.background is not None:
         background = Background.parse(args.background)
-        pool = overrides.get("blocks", scenario.blocks) * overrides.get(
-            "block_size", scenario.block_size)
-        if background.prompt_tokens > pool:
-            raise ValueError(f"--background: prompts of {background.prompt_tokens} tokens "
-                             f"exceed a worker's KV pool ({pool} tokens)")
+        try:
+            check_background_fits(background, replace(scenario, **overrides).engine())
+        except ValueError as error:
+            raise ValueError(f"--background: {error}") from None
         overrides["background"] = background
     scenario = replace(scenario, workload=workload, **overrides)
     agents = args.agents or sweep_agents(scenario, args.seed)

@@ -35,11 +35,12 @@ Figures (:class:`SimFigures`) count turns that *finished* inside the steady wind
 
 Other tenants' traffic (``RunConfig.background``, ``bench sim --background``; the live
 driver's ``Background``): ``concurrency`` loops send requests without a session id, each of
-unique prompt tokens that nothing can hit, back to back from the start until the window
-closes. The arm routes them as stock KV routing does (:meth:`~.arms.Arm.submit_sessionless`)
-and hears when each starts producing tokens and when it ends, as the live router does. They
-are not turns: ``SimFigures.background`` counts those that finished inside the window and
-their median latency (sent -> last token).
+unique prompt tokens that nothing can hit, back to back (no client overhead) from the start
+until the window closes. The arm routes them as stock KV routing does
+(:meth:`~.arms.Arm.submit_sessionless`) and hears when each starts producing tokens and when
+it ends, as the live router does. They are not turns: ``SimFigures.background`` counts those
+that finished inside the window and their median latency (sent -> last token); the live
+driver counts those of the whole run, warm-up included.
 """
 
 from __future__ import annotations
@@ -82,10 +83,20 @@ class RunConfig:
                              f"{self.workers}")
         if self.warmup_s < 0 or self.window_s <= 0:
             raise ValueError("need warmup_s >= 0 and window_s > 0")
-        if (self.background is not None
-                and self.background.prompt_tokens > self.engine.capacity_tokens):
-            raise ValueError(f"background prompts of {self.background.prompt_tokens} tokens "
-                             f"exceed a worker's KV pool ({self.engine.capacity_tokens})")
+        if self.background is not None:
+            check_background_fits(self.background, self.engine)
+
+
+def check_background_fits(background: Background, engine: EngineConfig) -> None:
+    """ValueError unless one background request (prompt and output) fits a worker's KV pool:
+    one that never fits would wait at the head of its worker's queue for ever."""
+    size = engine.block_size
+    blocks = -(-(background.prompt_tokens + background.output_tokens) // size)
+    if blocks > engine.total_blocks:
+        raise ValueError(
+            f"background requests of {background.prompt_tokens} prompt + "
+            f"{background.output_tokens} output tokens exceed a worker's KV pool "
+            f"({engine.total_blocks} blocks x {size} tokens)")
 
 
 @dataclass(frozen=True)
@@ -210,6 +221,7 @@ class Simulation:
         self._end_agent(agent, completed=False)
 
     def in_flight(self, request_id: str) -> bool:
+        """The turn (or background request) was dispatched and has not finished."""
         return request_id in self._dispatched or request_id in self._background
 
     # ---- the run ----------------------------------------------------------------------
@@ -296,8 +308,7 @@ class Simulation:
             if self._window_start <= now < self._window_end:
                 self._background_latencies.append(now - request.sent_at)
             self.arm.sessionless_ended(request)
-            self.loop.at(now + self.config.client_overhead_s,
-                         lambda: self._send_background(lane))
+            self._send_background(lane)  # back to back, as the live driver's loops
             return
         agent, _ = self._requests.pop(request.request_id)
         self._dispatched.discard(request.request_id)
@@ -348,6 +359,8 @@ class Simulation:
             self._start_agent(agent.slot)
 
     def _tick(self) -> None:
+        # Ticks stop with the last agent: background requests still running then need none
+        # (they end on their own, and nothing waits for room any more).
         self.arm.tick()
         if not (self.stopping and not self._agents):
             assert self.arm.tick_interval is not None
@@ -388,8 +401,8 @@ class Simulation:
             self.config.window_s * self.config.workers)
         problems = list(self._problems_at_end)
         problems += self.arm.problems(drained=drained) if drained else [
-            f"{len(self._agents)} agents had not ended {self.config.drain_limit_s:g} s "
-            "after the window"]
+            f"{len(self._agents)} agents and {len(self._background)} background requests "
+            f"had not ended {self.config.drain_limit_s:g} s after the window"]
         background = None
         if self.config.background is not None:
             p50 = percentile(self._background_latencies, 0.50)
