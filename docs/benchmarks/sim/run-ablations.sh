@@ -2,7 +2,8 @@
 # Re-runs the simulator ablations of docs/benchmarks.md: the baseline arms with the shipped
 # extended policy, the parity policy, and one run of arm ours per file in policies/ablations/
 # ("plus_X": parity + mechanism X; "minus_X": extended without X; "with_X": extended + X),
-# in both regimes, then prints the ablation tables. About 3 minutes on 2 cores.
+# in both regimes, and the sessionless_kv ones again beside other tenants' traffic
+# (calibrated-background), then prints the ablation tables. About 8 minutes on 2 cores.
 # Usage: docs/benchmarks/sim/run-ablations.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -19,6 +20,17 @@ for regime in calibrated cheap-recompute; do
       > "$out/$regime.$(basename "$policy" .yaml).json"
   done
 done
+# The sessionless_kv rows measure something only beside other tenants' traffic: the calibrated
+# regime again with 8 loops of sessionless requests (bench sim --background), those rows only.
+bg=(--regime calibrated --background 8:8000:640)
+"${dta[@]}" "${bg[@]}" --arms ours,stock,ttl-pinning,upstream \
+  --policy policies/thunderagent-extended.yaml > "$out/calibrated-background.base.json"
+"${dta[@]}" "${bg[@]}" --arms ours --policy policies/thunderagent.yaml \
+  > "$out/calibrated-background.parity.json"
+for policy in policies/ablations/*_sessionless_kv*.yaml; do
+  "${dta[@]}" "${bg[@]}" --arms ours --policy "$policy" \
+    > "$out/calibrated-background.$(basename "$policy" .yaml).json"
+done
 .venv/bin/python - "$out" <<'PY'
 import json, sys
 from pathlib import Path
@@ -26,7 +38,7 @@ from pathlib import Path
 out = Path(sys.argv[1])
 # Every mechanism with an ablation file (python -m dynamo_thunderagent.bench.ablations).
 MECHANISMS = sorted({p.stem.split("_", 1)[1] for p in Path("policies/ablations").glob("*.yaml")})
-for regime in ("calibrated", "cheap-recompute"):
+for regime in ("calibrated", "cheap-recompute", "calibrated-background"):
     base = json.loads((out / f"{regime}.base.json").read_text())
     top = base["agents"][-2:]
     stock = {r["agents"]: r for r in base["results"] if r["arm"] == "stock"}
