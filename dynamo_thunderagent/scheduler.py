@@ -30,6 +30,8 @@ Invariants the property tests check after every step:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from dynamo_thunderagent.cache_loss import CacheLossMeter, expected_cached
 from dynamo_thunderagent.capacity import Capacity, CapacityCard, UsageModel
 from dynamo_thunderagent.config import ThunderAgentParameters
@@ -553,6 +555,11 @@ class Scheduler:
             self._room_appeared(now, d)
         return d
 
+    @property
+    def sessionless_tokens(self) -> Mapping[WorkerKey, int]:
+        """Prompt tokens of the requests without a session id running now, per rank."""
+        return self._sessionless_by_rank
+
     def _reserve(self, worker: WorkerKey) -> None:
         """Take what sessionless requests hold on ``worker`` off its capacity, as far as
         the policy says (``sessionless_kv``, ``sessionless_kv_full_loss``)."""
@@ -859,7 +866,7 @@ class Scheduler:
         state["acting_hold_seconds"] = self.usage_model.hold_seconds
         # Prompt tokens of requests without a session id running now, per rank, and how
         # many tokens come off its capacity for them (sessionless_kv, *_full_loss).
-        state["sessionless_tokens"] = {str(w): t for w, t in self._sessionless_by_rank.items()}
+        state["sessionless_tokens"] = {str(w): t for w, t in self.sessionless_tokens.items()}
         state["sessionless_reserved_tokens"] = {
             str(w): self.capacity.taken_off(w) for w in self._sessionless_by_rank}
         state["acting_yield_seconds"] = self.yield_seconds

@@ -308,7 +308,7 @@ class ProgramArm(Arm):
                          f"{sorted(table.programs)[:5]}")
         if drained and table.requests:
             found.append(f"{len(table.requests)} requests still tracked after the drain")
-        if drained and (held := self.scheduler.snapshot(self.host.now())["sessionless_tokens"]):
+        if drained and (held := dict(self.scheduler.sessionless_tokens)):
             found.append(f"room still held for sessionless requests after the drain: {held}")
         return found
 

@@ -126,14 +126,14 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     if args.time_scale is not None:
         workload = replace(workload, time_scale=args.time_scale)
     workload.validate()
+    scenario = replace(scenario, workload=workload, **overrides)
     if args.background is not None:
         background = Background.parse(args.background)
         try:
-            check_background_fits(background, replace(scenario, **overrides).engine())
+            check_background_fits(background, scenario.engine())
         except ValueError as error:
             raise ValueError(f"--background: {error}") from None
-        overrides["background"] = background
-    scenario = replace(scenario, workload=workload, **overrides)
+        scenario = replace(scenario, background=background)
     agents = args.agents or sweep_agents(scenario, args.seed)
     ttl = args.ttl_s if args.ttl_s is not None else tool_time_p90(scenario, args.seed)
     return SweepSpec(scenario=scenario, arms=tuple(parse_arms(args.arms)),

@@ -63,6 +63,10 @@ class EngineConfig:
     def capacity_tokens(self) -> int:
         return self.total_blocks * self.block_size
 
+    def fits(self, tokens: int) -> bool:
+        """Whether a context of ``tokens`` fits a worker's whole pool, in whole blocks."""
+        return math.ceil(tokens / self.block_size) <= self.total_blocks
+
 
 @dataclass(slots=True)
 class SimRequest:
@@ -192,8 +196,7 @@ class Worker:
     # ---- requests ----------------------------------------------------------------------
     def fits_ever(self, request: SimRequest) -> bool:
         """False if the request's context exceeds this worker's whole pool."""
-        size = self.config.block_size
-        return math.ceil(request.context_tokens / size) <= self.config.total_blocks
+        return self.config.fits(request.context_tokens)
 
     def submit(self, request: SimRequest) -> None:
         request.worker = self.index

@@ -90,13 +90,11 @@ class RunConfig:
 def check_background_fits(background: Background, engine: EngineConfig) -> None:
     """ValueError unless one background request (prompt and output) fits a worker's KV pool:
     one that never fits would wait at the head of its worker's queue for ever."""
-    size = engine.block_size
-    blocks = -(-(background.prompt_tokens + background.output_tokens) // size)
-    if blocks > engine.total_blocks:
+    if not engine.fits(background.prompt_tokens + background.output_tokens):
         raise ValueError(
             f"background requests of {background.prompt_tokens} prompt + "
             f"{background.output_tokens} output tokens exceed a worker's KV pool "
-            f"({engine.total_blocks} blocks x {size} tokens)")
+            f"({engine.total_blocks} blocks x {engine.block_size} tokens)")
 
 
 @dataclass(frozen=True)
