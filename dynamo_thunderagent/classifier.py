@@ -148,6 +148,11 @@ class RequestClassifier(ABC):
         """How many leading block hashes per request the shell should compute (0: none)."""
         return 0
 
+    @property
+    def prefix_tokens_wanted(self) -> int:
+        """How many leading tokens those hashes should span (0: one KV block each)."""
+        return 0
+
     def tick(self) -> None:
         """Periodic decisions (pressure, resume, expiry)."""
 
@@ -205,6 +210,11 @@ class ThunderAgentClassifier(RequestClassifier):
     def prefix_blocks_wanted(self) -> int:
         params = self.scheduler.params
         return params.shared_prefix_max_blocks if params.shared_prefix_accounting else 0
+
+    @property
+    def prefix_tokens_wanted(self) -> int:
+        params = self.scheduler.params
+        return params.shared_prefix_max_tokens if params.shared_prefix_accounting else 0
 
     async def classify(self, request: ClassifyRequest) -> Admission:
         if request.session_id is None:

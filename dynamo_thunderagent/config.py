@@ -165,8 +165,16 @@ class ThunderAgentParameters(_Strict):
     shared_prefix_accounting: bool = False
     """Count KV blocks shared by several programs on a worker/rank (a common system
     prompt) once, from the leading block hashes of each request."""
+    shared_prefix_max_tokens: int = Field(32_768, gt=0, le=16_777_216)
+    """How many leading tokens of each prompt are compared for shared-prefix accounting.
+    Agents' shared system prompts and tool definitions run to tens of thousands of tokens
+    (aiperf's agentic-code dataset: 32k); past the window each program is charged in full
+    for blocks the engine holds once. Hashing costs the router about 0.35 ms for a prompt
+    that fills the default window (0.1 ms for the first 4,096 tokens)."""
     shared_prefix_max_blocks: int = Field(256, gt=0, le=65_536)
-    """How many leading blocks of each prompt are hashed for shared-prefix accounting."""
+    """At most this many hashes per program for shared-prefix accounting (its memory):
+    each covers as few whole KV blocks as let them span ``shared_prefix_max_tokens``
+    (at 16-token blocks and the defaults, 8 blocks), so sharing is resolved to that."""
     resume_affinity: bool = False
     """Resume a paused program on the worker/rank that served it last when that rank
     has room (its KV blocks may still be resident), else where there is most room."""

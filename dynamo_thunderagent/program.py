@@ -12,6 +12,7 @@ boundary.
 from __future__ import annotations
 
 import enum
+import functools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -47,17 +48,26 @@ class RequestState(enum.Enum):
     RELEASED = "released"  # admitted; routed or about to be
 
 
+# Hashes per level of a spanning prefix layout: the first level's hashes cover one KV block
+# each, every next level's twice as many blocks as the last. A shared prefix of any length is
+# then resolved to within about 1/32 of it (one block below 32 blocks), at a bounded count.
+PREFIX_LEVEL_HASHES = 32
+
+
 @dataclass(frozen=True, slots=True)
 class PrefixBlocks:
-    """Hashes of a prompt's leading KV blocks, ``block_tokens`` tokens each.
+    """Chained hashes of a prompt's leading KV blocks, ``block_tokens`` tokens each.
 
     Only shared-prefix accounting reads them: on a worker/rank, blocks that several
     programs hold (a common system prompt) are counted once. Equal hashes mean equal
-    prefixes; the values themselves mean nothing.
+    prefixes; the values themselves mean nothing. ``level_hashes`` 0: each hash covers
+    one block; otherwise the layout of :func:`prefix_ends`, spans doubling every
+    ``level_hashes`` hashes.
     """
 
     hashes: tuple[int, ...] = ()
     block_tokens: int = 0
+    level_hashes: int = 0
 
     def limited(self, max_blocks: int) -> PrefixBlocks:
         """The first ``max_blocks`` hashes (or none at all without a block size)."""
@@ -65,10 +75,51 @@ class PrefixBlocks:
             return NO_PREFIX
         if len(self.hashes) <= max_blocks:
             return self
-        return PrefixBlocks(self.hashes[:max_blocks], self.block_tokens)
+        return PrefixBlocks(self.hashes[:max_blocks], self.block_tokens, self.level_hashes)
+
+    def groups(self) -> list[tuple[int, tuple[int, ...]]]:
+        """``(tokens each hash covers, those hashes)`` for each run of equal spans."""
+        if not self.hashes:
+            return []
+        step = self.level_hashes
+        if step <= 0:
+            return [(self.block_tokens, self.hashes)]
+        return [(self.block_tokens << (start // step), self.hashes[start:start + step])
+                for start in range(0, len(self.hashes), step)]
+
+    @property
+    def tokens(self) -> int:
+        """Prompt tokens under the hashes."""
+        return sum(size * len(hashes) for size, hashes in self.groups())
 
 
 NO_PREFIX = PrefixBlocks()
+
+
+@functools.lru_cache(maxsize=32)
+def prefix_ends(block_tokens: int, max_hashes: int, max_tokens: int) -> tuple[int, ...]:
+    """Where each leading-prefix hash ends, in tokens from the prompt's start.
+
+    ``max_tokens`` 0: ``max_hashes`` hashes of one KV block each. Otherwise hashes over
+    whole blocks, spans doubling every :data:`PREFIX_LEVEL_HASHES` hashes (one block
+    each for the first, then two, four, ...), as long as they end within ``max_tokens``
+    (the first always counts) and number at most ``max_hashes``: however long a shared
+    system prompt, what a program keeps stays bounded, and a shared prefix is still
+    found to within about 1/32 of its length. Empty: nothing to hash (no block size, or
+    no hashes wanted).
+    """
+    if block_tokens <= 0 or max_hashes <= 0:
+        return ()
+    if max_tokens <= 0:
+        return tuple(block_tokens * (i + 1) for i in range(max_hashes))
+    ends: list[int] = []
+    end = 0
+    while len(ends) < max_hashes:
+        end += block_tokens << (len(ends) // PREFIX_LEVEL_HASHES)
+        if end > max_tokens and ends:
+            break
+        ends.append(end)
+    return tuple(ends)
 
 
 @dataclass(slots=True)

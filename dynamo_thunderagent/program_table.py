@@ -24,13 +24,14 @@ class _RankLedger:
     reasoning_tokens: int = 0
     acting_tokens: int = 0
     programs: int = 0
-    # Shared-prefix accounting: the hashed leading blocks of each program, per phase,
-    # and how many programs hold each block. A block held by k programs was charged
-    # k times; the k - 1 duplicates are credited back (see ProgramTable._shared_credit).
-    reasoning_prefix_blocks: int = 0
-    acting_prefix_blocks: int = 0
-    prefix_counts: Counter[int] = field(default_factory=Counter)
-    prefix_block_tokens: int = 0
+    # Shared-prefix accounting: the tokens under each program's prefix hashes, per phase,
+    # and how many programs hold each hash, by the tokens one hash covers (after a policy
+    # reload, programs not yet back for a turn keep hashes of the old size). A hash held
+    # by k programs was charged k times; the k - 1 duplicates are credited back (see
+    # ProgramTable._shared_credit).
+    reasoning_prefix_tokens: int = 0
+    acting_prefix_tokens: int = 0
+    prefix_counts: dict[int, Counter[int]] = field(default_factory=dict)
 
 
 class ProgramTable:
@@ -81,18 +82,19 @@ class ProgramTable:
         if program.worker is None:
             return
         ledger = self._ledger.setdefault(program.worker, _RankLedger())
-        blocks = len(program.prefix.hashes)
+        prefix = program.prefix
+        prefix_tokens = prefix.tokens
         charged = _charged(program)
         if program.phase is Phase.REASONING:
             ledger.reasoning_tokens += program.tokens
-            ledger.reasoning_prefix_blocks += blocks
+            ledger.reasoning_prefix_tokens += prefix_tokens
         elif charged:
             ledger.acting_tokens += program.tokens
-            ledger.acting_prefix_blocks += blocks
+            ledger.acting_prefix_tokens += prefix_tokens
         ledger.programs += 1
-        if charged and program.prefix.hashes:
-            ledger.prefix_counts.update(program.prefix.hashes)
-            ledger.prefix_block_tokens = program.prefix.block_tokens
+        if charged:
+            for size, hashes in prefix.groups():
+                ledger.prefix_counts.setdefault(size, Counter()).update(hashes)
         self._members.setdefault(program.worker, {})[program.session_id] = program
         self._refresh(program.worker, ledger)
 
@@ -103,20 +105,25 @@ class ProgramTable:
         if program.worker is None:
             return
         ledger = self._ledger[program.worker]
-        blocks = len(program.prefix.hashes)
+        prefix = program.prefix
+        prefix_tokens = prefix.tokens
         charged = _charged(program)
         if program.phase is Phase.REASONING:
             ledger.reasoning_tokens -= program.tokens
-            ledger.reasoning_prefix_blocks -= blocks
+            ledger.reasoning_prefix_tokens -= prefix_tokens
         elif charged:
             ledger.acting_tokens -= program.tokens
-            ledger.acting_prefix_blocks -= blocks
+            ledger.acting_prefix_tokens -= prefix_tokens
         ledger.programs -= 1
-        if charged and program.prefix.hashes:
-            ledger.prefix_counts.subtract(program.prefix.hashes)
-            for block in program.prefix.hashes:
-                if ledger.prefix_counts[block] <= 0:
-                    del ledger.prefix_counts[block]
+        if charged:
+            for size, hashes in prefix.groups():
+                counts = ledger.prefix_counts[size]
+                counts.subtract(hashes)
+                for block in hashes:
+                    if counts[block] <= 0:
+                        del counts[block]
+                if not counts:
+                    del ledger.prefix_counts[size]
         members = self._members[program.worker]
         del members[program.session_id]
         if not members:
@@ -128,28 +135,30 @@ class ProgramTable:
 
     def _refresh(self, worker: WorkerKey, ledger: _RankLedger) -> None:
         model = self.usage_model
-        weighted_blocks = (ledger.reasoning_prefix_blocks
-                           + model.acting_token_weight * ledger.acting_prefix_blocks)
+        weighted_prefix = (ledger.reasoning_prefix_tokens
+                           + model.acting_token_weight * ledger.acting_prefix_tokens)
         self._usage[worker] = (
             ledger.reasoning_tokens
             + model.acting_token_weight * ledger.acting_tokens
             + model.buffer_per_program * ledger.programs
-            - self._shared_credit(ledger, weighted_blocks)
+            - self._shared_credit(ledger, weighted_prefix)
         )
 
     @staticmethod
-    def _shared_credit(ledger: _RankLedger, weighted_blocks: float) -> float:
+    def _shared_credit(ledger: _RankLedger, weighted_prefix: float) -> float:
         """Tokens charged more than once for prefix blocks that several programs share.
 
-        Each duplicate is credited at the average weight its holders' blocks are
-        charged at (1 while REASONING, the ACTING weight, or decayed), so a
-        credit never exceeds what was charged for the copies.
+        ``weighted_prefix``: the tokens under the rank's prefix hashes, each at the weight
+        its holder is charged at (1 while REASONING, the ACTING weight, or decayed). Each
+        duplicate is credited at the average of those weights, so a credit never exceeds
+        what was charged for the copies.
         """
-        total = ledger.reasoning_prefix_blocks + ledger.acting_prefix_blocks
-        duplicates = total - len(ledger.prefix_counts)
+        total = ledger.reasoning_prefix_tokens + ledger.acting_prefix_tokens
+        distinct = sum(size * len(counts) for size, counts in ledger.prefix_counts.items())
+        duplicates = total - distinct
         if duplicates <= 0:
             return 0.0
-        return duplicates * ledger.prefix_block_tokens * weighted_blocks / total
+        return duplicates * weighted_prefix / total
 
     # ---- queries --------------------------------------------------------------
     def usage(self, worker: WorkerKey) -> float:
@@ -173,12 +182,12 @@ class ProgramTable:
             return 0.0
         model = self.usage_model
         usage = 0.0
-        weighted_blocks = 0.0
+        weighted_prefix = 0.0
         for program in self._members[worker].values():
             weight = model.weight(program, now)
             usage += weight * program.tokens + model.buffer_per_program
-            weighted_blocks += weight * len(program.prefix.hashes)
-        return usage - self._shared_credit(ledger, weighted_blocks)
+            weighted_prefix += weight * program.prefix.tokens
+        return usage - self._shared_credit(ledger, weighted_prefix)
 
     def members(self, worker: WorkerKey) -> list[Program]:
         """ACTIVE programs assigned to ``worker``, in creation order."""

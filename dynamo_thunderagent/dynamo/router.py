@@ -162,7 +162,8 @@ class ThunderAgentRouter:
         try:
             classify_input = classify_request(
                 request, request_id, block_tokens=self.block_size,
-                prefix_blocks=self.classifier.prefix_blocks_wanted)
+                prefix_blocks=self.classifier.prefix_blocks_wanted,
+                prefix_tokens=self.classifier.prefix_tokens_wanted)
         except BadSessionHeader as bad:
             self.stats.rejected += 1
             if self.observer is not None:

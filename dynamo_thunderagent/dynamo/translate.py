@@ -30,7 +30,13 @@ from dynamo_thunderagent.classifier import (
     Responding,
     Sent,
 )
-from dynamo_thunderagent.program import NO_PREFIX, PrefixBlocks, WorkerKey
+from dynamo_thunderagent.program import (
+    NO_PREFIX,
+    PREFIX_LEVEL_HASHES,
+    PrefixBlocks,
+    WorkerKey,
+    prefix_ends,
+)
 from dynamo_thunderagent.selector import WorkerLoad
 
 # The headers a client sends (Dynamo's frontend turns them into ``agent_context``).
@@ -45,29 +51,35 @@ def _truthy(value: Any) -> bool:
     return bool(value)
 
 
-def hash_prefix_blocks(token_ids: Sequence[int], block_tokens: int,
-                       max_blocks: int) -> PrefixBlocks:
-    """Chained hashes of the first ``max_blocks`` full blocks of ``token_ids``.
+def hash_prefix_blocks(token_ids: Sequence[int], block_tokens: int, max_blocks: int,
+                       max_tokens: int = 0) -> PrefixBlocks:
+    """Chained hashes of the leading full blocks of ``token_ids``, laid out by
+    :func:`prefix_ends`: ``max_blocks`` of one block each, or, with ``max_tokens``, spans
+    doubling every 32 hashes within that many tokens (at most ``max_blocks`` hashes).
 
-    Each hash covers the whole prefix up to the end of its block, so two
-    prompts share a hash exactly when they share that prefix (a common system
-    prompt), like the engine's prefix cache. Only equality matters; the values
-    are process-local.
+    Each hash covers the whole prefix up to its end, so two prompts share a hash exactly
+    when they share that prefix (a common system prompt), like the engine's prefix cache.
+    Only equality matters; the values are process-local.
     """
     hashes = []
     previous = 0
-    for start in range(0, min(len(token_ids) // block_tokens, max_blocks) * block_tokens,
-                       block_tokens):
-        previous = hash((previous, tuple(token_ids[start:start + block_tokens])))
+    start = 0
+    for end in prefix_ends(block_tokens, max_blocks, max_tokens):
+        if end > len(token_ids):
+            break
+        previous = hash((previous, tuple(token_ids[start:end])))
         hashes.append(previous)
-    return PrefixBlocks(tuple(hashes), block_tokens)
+        start = end
+    return PrefixBlocks(tuple(hashes), block_tokens,
+                        PREFIX_LEVEL_HASHES if max_tokens > 0 else 0)
 
 
 def classify_request(request: Mapping[str, Any], request_id: str, *, block_tokens: int = 0,
-                     prefix_blocks: int = 0) -> ClassifyRequest:
+                     prefix_blocks: int = 0, prefix_tokens: int = 0) -> ClassifyRequest:
     """What the classifier needs from a tokenized request.
 
-    With ``prefix_blocks`` > 0 the leading block hashes are included (see
+    With ``prefix_blocks`` > 0 at most that many chained hashes of the leading blocks are
+    included, spanning ``prefix_tokens`` leading tokens where that is > 0 (see
     :func:`hash_prefix_blocks`).
     """
     context = request.get("agent_context") or {}
@@ -84,7 +96,7 @@ def classify_request(request: Mapping[str, Any], request_id: str, *, block_token
         input_tokens=len(token_ids),
         session_final=_truthy(context.get("session_final", False)),
         parent_session_id=parent,
-        prefix=(hash_prefix_blocks(token_ids, block_tokens, prefix_blocks)
+        prefix=(hash_prefix_blocks(token_ids, block_tokens, prefix_blocks, prefix_tokens)
                 if prefix_blocks and block_tokens > 0 and session_id is not None
                 else NO_PREFIX),
     )

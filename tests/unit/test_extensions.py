@@ -124,6 +124,32 @@ def test_shared_prefix_is_counted_once_per_rank() -> None:
             (800 + 16 + 184 + (600 if accounting else 0)) if accounting else 1_000)
 
 
+def test_a_system_prompt_past_the_hash_budget_is_still_counted_once() -> None:
+    """Agents' system prompts run to tens of thousands of tokens; 256 one-block hashes
+    (4,096 tokens at 16-token blocks) charged the rest to every program in full."""
+    from dynamo_thunderagent.classifier import ThunderAgentClassifier
+    from dynamo_thunderagent.dynamo.translate import classify_request
+
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9,
+             shared_prefix_accounting=True)
+    h.workers({W0: 100_000})
+    classifier = ThunderAgentClassifier(h.scheduler.params)
+    system = list(range(6_000))  # 375 blocks of 16 tokens, common to both agents
+    for i, name in enumerate(("a", "b")):
+        tokens = [*system, *range(10_000 * (i + 1), 10_000 * (i + 1) + 200)]
+        request = classify_request(
+            {"token_ids": tokens, "agent_context": {"session_id": name}}, f"r{i}",
+            block_tokens=16, prefix_blocks=classifier.prefix_blocks_wanted,
+            prefix_tokens=classifier.prefix_tokens_wanted)
+        d = h.scheduler.submit(request.request_id, name, request.input_tokens, h.now,
+                               prefix=request.prefix)
+        assert isinstance(d.outcome(request.request_id), Release)
+        h.complete(request.request_id, len(tokens))
+    credit = 2 * 6_200 - h.scheduler.table.usage(W0)
+    # Hashes of 8 blocks (128 tokens) cover 4,608-8,191 tokens at the defaults.
+    assert 6_000 - 128 < credit <= 6_000
+
+
 def test_resume_affinity_returns_a_program_to_the_rank_that_holds_its_cache() -> None:
     for affinity, expected in ((False, W1), (True, W0)):
         h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, resume_affinity=affinity)

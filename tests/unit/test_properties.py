@@ -208,11 +208,14 @@ class SchedulerMachine(RuleBasedStateMachine):
     def submit(self, session: str, tokens: int, *, final: bool) -> str:
         rid = f"r{next(self.ids)}"
         self.pending[rid] = Submitted(rid, session, tokens, final, self.now)
-        # Every prompt starts with the same 3-block system prompt, then a block of
-        # its own session, as far as its length allows.
-        blocks = (1, 2, 3, hash(session))[: tokens // PREFIX_BLOCK_TOKENS]
+        # Every prompt starts with the same 3-hash system prompt, then a hash of its own
+        # session, as far as its length allows: one block each, or (odd lengths, as
+        # after a policy reload) spans doubling every two hashes.
+        levels = 2 if tokens % 2 else 0
+        ends = (8, 16, 32, 48) if levels else (8, 16, 24, 32)
+        blocks = (1, 2, 3, hash(session))[: sum(1 for end in ends if end <= tokens)]
         d = self.scheduler.submit(rid, session, tokens, self.now, session_final=final,
-                                  prefix=PrefixBlocks(blocks, PREFIX_BLOCK_TOKENS))
+                                  prefix=PrefixBlocks(blocks, PREFIX_BLOCK_TOKENS, levels))
         self.absorb(d, submitted=rid)
         return rid
 
@@ -566,24 +569,26 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "scheduler"):
             return
         recount: dict[WorkerKey, float] = {}
-        distinct: dict[WorkerKey, set[int]] = {}
-        held: dict[WorkerKey, list[tuple[float, int]]] = {}  # (weight, blocks) per program
+        distinct: dict[WorkerKey, set[tuple[int, int]]] = {}  # (tokens, hash)
+        held: dict[WorkerKey, list[tuple[float, int]]] = {}  # (weight, tokens) per program
         model = self.scheduler.usage_model
         for program in self.table.programs.values():
             if program.lifecycle is Lifecycle.ACTIVE and program.worker is not None:
                 recount[program.worker] = recount.get(program.worker, 0.0) + model.charge(program)
                 if program.yielded and program.phase is Phase.ACTING:
                     continue  # it yielded its room: none of its blocks is charged
-                distinct.setdefault(program.worker, set()).update(program.prefix.hashes)
+                distinct.setdefault(program.worker, set()).update(
+                    (size, h) for size, hashes in program.prefix.groups() for h in hashes)
                 held.setdefault(program.worker, []).append(
-                    (model.weight(program), len(program.prefix.hashes)))
-        for rank, blocks in distinct.items():
-            # A prefix block held by k programs is credited k - 1 times, at the average
-            # weight of the blocks held there.
+                    (model.weight(program), program.prefix.tokens))
+        for rank, hashes in distinct.items():
+            # Tokens under a prefix hash held by k programs are credited k - 1 times, at
+            # the average weight of the prefix tokens held there.
             total = sum(n for _, n in held[rank])
-            if total > len(blocks):
+            unique = sum(size for size, _ in hashes)
+            if total > unique:
                 average = sum(w * n for w, n in held[rank]) / total
-                recount[rank] -= (total - len(blocks)) * PREFIX_BLOCK_TOKENS * average
+                recount[rank] -= (total - unique) * average
         for rank in set(recount) | set(RANKS) | set(self.table.assigned_workers()):
             ledger = self.table.usage(rank)
             assert close(ledger, recount.get(rank, 0.0)), (

@@ -23,7 +23,7 @@ from dynamo_thunderagent.dynamo.translate import (
     with_serving_worker,
     worker_loads,
 )
-from dynamo_thunderagent.program import NO_PREFIX, WorkerKey
+from dynamo_thunderagent.program import NO_PREFIX, WorkerKey, prefix_ends
 from dynamo_thunderagent.selector import WorkerLoad
 
 
@@ -144,6 +144,35 @@ def test_classify_request_adds_prefix_hashes_only_when_asked_and_only_for_sessio
     anonymous = classify_request(request(None, tokens=40), "r", block_tokens=16,
                                  prefix_blocks=8)
     assert anonymous.prefix == NO_PREFIX
+
+
+def test_prefix_hashes_span_the_token_window_with_spans_doubling_per_level() -> None:
+    req = request({"session_id": "s"}, tokens=2_000)
+    spanned = classify_request(req, "r", block_tokens=16, prefix_blocks=256,
+                               prefix_tokens=1_600)
+    assert spanned.prefix == hash_prefix_blocks(req["token_ids"], 16, 256, 1_600)
+    # 32 hashes of one block (512 tokens), then 32 of two (1,024 more), then one of four.
+    assert [(size, len(h)) for size, h in spanned.prefix.groups()] == [
+        (16, 32), (32, 32), (64, 1)]
+    assert spanned.prefix.tokens == 512 + 1_024 + 64
+    # A shorter prompt gets the hashes that end inside it, on the same boundaries.
+    short = hash_prefix_blocks(req["token_ids"][:600], 16, 256, 1_600)
+    assert short.hashes == spanned.prefix.hashes[:34] and short.tokens == 512 + 64
+
+
+@pytest.mark.parametrize(("block", "hashes", "window", "count", "last_end"), [
+    (16, 256, 32_768, 192, 32 * 63 * 16),  # the defaults: six levels, 32,256 tokens
+    (64, 256, 32_768, 130, 32_768),
+    (16, 256, 0, 256, 4_096),  # no window: one block a hash, as many as allowed
+    (16, 40, 32_768, 40, (32 + 8 * 2) * 16),  # the hash budget binds first
+    (16, 256, 8, 1, 16),  # a window under one block: still one block
+    (0, 256, 32_768, 0, 0),  # no block size: nothing to hash
+    (16, 0, 32_768, 0, 0),
+])
+def test_prefix_ends(block: int, hashes: int, window: int, count: int, last_end: int) -> None:
+    ends = prefix_ends(block, hashes, window)
+    assert len(ends) == count and (ends[-1] if ends else 0) == last_end
+    assert all(end % block == 0 for end in ends) and list(ends) == sorted(set(ends))
 
 
 def test_prefix_hashes_are_equal_exactly_while_prompts_share_a_prefix() -> None:

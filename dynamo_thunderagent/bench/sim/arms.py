@@ -22,6 +22,7 @@ simulated clock.
 
 from __future__ import annotations
 
+import bisect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -42,7 +43,15 @@ from dynamo_thunderagent.config import (
 from dynamo_thunderagent.costs import TurnTiming
 from dynamo_thunderagent.decisions import Decisions
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY
-from dynamo_thunderagent.program import Lifecycle, Phase, PrefixBlocks, RequestState, WorkerKey
+from dynamo_thunderagent.program import (
+    PREFIX_LEVEL_HASHES,
+    Lifecycle,
+    Phase,
+    PrefixBlocks,
+    RequestState,
+    WorkerKey,
+    prefix_ends,
+)
 from dynamo_thunderagent.scheduler import Scheduler
 from dynamo_thunderagent.selector import ThunderAgentSelector, WorkerLoad, WorkerSelector
 
@@ -233,10 +242,13 @@ class ProgramArm(Arm):
         params = self.scheduler.params
         if not params.shared_prefix_accounting:
             return PrefixBlocks((), block_tokens)
-        full = min(request.prompt_tokens // block_tokens, params.shared_prefix_max_blocks)
-        shared = min(full, request.system_tokens // block_tokens)
+        ends = prefix_ends(block_tokens, params.shared_prefix_max_blocks,
+                           params.shared_prefix_max_tokens)
+        full = bisect.bisect_right(ends, request.prompt_tokens)
+        shared = min(full, bisect.bisect_right(ends, request.system_tokens))
         return PrefixBlocks(tuple(hash(("system", i)) for i in range(shared)) + tuple(
-            hash((request.session_id, i)) for i in range(shared, full)), block_tokens)
+            hash((request.session_id, i)) for i in range(shared, full)), block_tokens,
+            PREFIX_LEVEL_HASHES)
 
     def first_token(self, request: SimRequest) -> None:
         self._apply(self.scheduler.responding(request.request_id, self.host.now()))
