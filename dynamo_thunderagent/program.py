@@ -90,7 +90,21 @@ class PrefixBlocks:
     @property
     def tokens(self) -> int:
         """Prompt tokens under the hashes."""
-        return sum(size * len(hashes) for size, hashes in self.groups())
+        return self.tokens_of(len(self.hashes))
+
+    def span_of(self, index: int) -> int:
+        """Tokens under hash ``index``."""
+        step = self.level_hashes
+        return self.block_tokens << (index // step) if step > 0 else self.block_tokens
+
+    def tokens_of(self, count: int) -> int:
+        """Prompt tokens under the first ``count`` hashes."""
+        step = self.level_hashes
+        if step <= 0:
+            return self.block_tokens * count
+        levels, rest = divmod(count, step)
+        # Whole levels hold step * (1 + 2 + ... + 2^(levels-1)) blocks.
+        return self.block_tokens * (step * ((1 << levels) - 1) + rest * (1 << levels))
 
 
 NO_PREFIX = PrefixBlocks()

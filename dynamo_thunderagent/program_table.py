@@ -11,12 +11,19 @@ with a recount after every step.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from dynamo_thunderagent.capacity import UsageModel
-from dynamo_thunderagent.program import Lifecycle, Phase, Program, TrackedRequest, WorkerKey
+from dynamo_thunderagent.program import (
+    Lifecycle,
+    Phase,
+    PrefixBlocks,
+    Program,
+    TrackedRequest,
+    WorkerKey,
+)
 
 
 @dataclass
@@ -135,30 +142,39 @@ class ProgramTable:
 
     def _refresh(self, worker: WorkerKey, ledger: _RankLedger) -> None:
         model = self.usage_model
-        weighted_prefix = (ledger.reasoning_prefix_tokens
-                           + model.acting_token_weight * ledger.acting_prefix_tokens)
         self._usage[worker] = (
             ledger.reasoning_tokens
             + model.acting_token_weight * ledger.acting_tokens
             + model.buffer_per_program * ledger.programs
-            - self._shared_credit(ledger, weighted_prefix)
+            # Charged at the ACTING weight or at 1: with an ACTING weight of 1, all at 1.
+            - self._shared_credit(worker, ledger,
+                                  None if model.acting_token_weight == 1.0 else model.weight)
         )
 
-    @staticmethod
-    def _shared_credit(ledger: _RankLedger, weighted_prefix: float) -> float:
+    def _shared_credit(self, worker: WorkerKey, ledger: _RankLedger,
+                       weight: Callable[[Program], float] | None) -> float:
         """Tokens charged more than once for prefix blocks that several programs share.
 
-        ``weighted_prefix``: the tokens under the rank's prefix hashes, each at the weight
-        its holder is charged at (1 while REASONING, the ACTING weight, or decayed). Each
-        duplicate is credited at the average of those weights, so a credit never exceeds
-        what was charged for the copies.
+        Each duplicate is credited at the average weight (``weight``: 1 while REASONING,
+        the ACTING weight, or decayed; None: every charged program at 1) at which the
+        programs sharing a prefix are charged for it, so a credit never exceeds what was
+        charged for the copies, and a program's own, unshared prompt does not move it.
         """
         total = ledger.reasoning_prefix_tokens + ledger.acting_prefix_tokens
         distinct = sum(size * len(counts) for size, counts in ledger.prefix_counts.items())
         duplicates = total - distinct
         if duplicates <= 0:
             return 0.0
-        return duplicates * weighted_prefix / total
+        if weight is None:
+            return float(duplicates)
+        shared = 0
+        weighted = 0.0
+        for program in self._members[worker].values():
+            if _charged(program):
+                tokens = _shared_tokens(ledger, program.prefix)
+                shared += tokens
+                weighted += weight(program) * tokens
+        return duplicates * weighted / shared if shared else 0.0
 
     # ---- queries --------------------------------------------------------------
     def usage(self, worker: WorkerKey) -> float:
@@ -182,12 +198,10 @@ class ProgramTable:
             return 0.0
         model = self.usage_model
         usage = 0.0
-        weighted_prefix = 0.0
         for program in self._members[worker].values():
-            weight = model.weight(program, now)
-            usage += weight * program.tokens + model.buffer_per_program
-            weighted_prefix += weight * program.prefix.tokens
-        return usage - self._shared_credit(ledger, weighted_prefix)
+            usage += model.weight(program, now) * program.tokens + model.buffer_per_program
+        return usage - self._shared_credit(worker, ledger,
+                                           lambda program: model.weight(program, now))
 
     def members(self, worker: WorkerKey) -> list[Program]:
         """ACTIVE programs assigned to ``worker``, in creation order."""
@@ -202,6 +216,21 @@ class ProgramTable:
     @property
     def any_paused(self) -> bool:
         return bool(self._paused)
+
+
+def _shared_tokens(ledger: _RankLedger, prefix: PrefixBlocks) -> int:
+    """Tokens under the leading hashes of ``prefix`` that another program on the rank
+    holds too. The hashes are chained, so those are a leading run: a binary search."""
+    hashes = prefix.hashes
+    low, high = 0, len(hashes)
+    while low < high:
+        middle = (low + high) // 2
+        counts = ledger.prefix_counts.get(prefix.span_of(middle))
+        if counts is not None and counts.get(hashes[middle], 0) >= 2:
+            low = middle + 1
+        else:
+            high = middle
+    return prefix.tokens_of(low)
 
 
 def _charged(program: Program) -> bool:

@@ -150,6 +150,30 @@ def test_a_system_prompt_past_the_hash_budget_is_still_counted_once() -> None:
     assert 6_000 - 128 < credit <= 6_000
 
 
+def test_the_shared_prefix_credit_does_not_move_with_a_programs_own_prompt() -> None:
+    """Duplicates are credited at the weight their holders are charged at for what they
+    share: a longer unshared history of one holder must not change it."""
+    credits = []
+    for own in (2, 40):
+        h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, acting_token_weight=0.5,
+                 shared_prefix_accounting=True)
+        h.workers({W0: 100_000})
+        system = prefix(50)  # 800 tokens in 16-token blocks
+        for name, extra in (("thinking", 1), ("tool", own)):
+            blocks = (*system, *(hash((name, i)) for i in range(extra)))
+            tokens = 16 * len(blocks)
+            rid = f"{name}-1"
+            d = h.scheduler.submit(rid, name, tokens, h.now, prefix=PrefixBlocks(blocks, 16))
+            assert isinstance(d.outcome(rid), Release)
+            h.scheduler.sent(rid, W0, h.now)
+            if name == "tool":
+                h.complete(rid, tokens)  # ACTING, charged at 0.5
+        charged = 16 * 51 + 0.5 * 16 * (50 + own)
+        credits.append(charged - h.scheduler.table.usage(W0))
+    # 800 shared tokens, charged at 1 and at 0.5: one duplicate credited at the mean, 0.75.
+    assert credits == [600.0, 600.0]
+
+
 def test_resume_affinity_returns_a_program_to_the_rank_that_holds_its_cache() -> None:
     for affinity, expected in ((False, W1), (True, W0)):
         h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, resume_affinity=affinity)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -569,26 +570,25 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "scheduler"):
             return
         recount: dict[WorkerKey, float] = {}
-        distinct: dict[WorkerKey, set[tuple[int, int]]] = {}  # (tokens, hash)
-        held: dict[WorkerKey, list[tuple[float, int]]] = {}  # (weight, tokens) per program
+        held: dict[WorkerKey, list[tuple[float, list[tuple[int, int]]]]] = {}
         model = self.scheduler.usage_model
         for program in self.table.programs.values():
             if program.lifecycle is Lifecycle.ACTIVE and program.worker is not None:
                 recount[program.worker] = recount.get(program.worker, 0.0) + model.charge(program)
                 if program.yielded and program.phase is Phase.ACTING:
                     continue  # it yielded its room: none of its blocks is charged
-                distinct.setdefault(program.worker, set()).update(
-                    (size, h) for size, hashes in program.prefix.groups() for h in hashes)
-                held.setdefault(program.worker, []).append(
-                    (model.weight(program), program.prefix.tokens))
-        for rank, hashes in distinct.items():
+                held.setdefault(program.worker, []).append((model.weight(program), [
+                    (size, h) for size, hashes in program.prefix.groups() for h in hashes]))
+        for rank, programs in held.items():
             # Tokens under a prefix hash held by k programs are credited k - 1 times, at
-            # the average weight of the prefix tokens held there.
-            total = sum(n for _, n in held[rank])
-            unique = sum(size for size, _ in hashes)
-            if total > unique:
-                average = sum(w * n for w, n in held[rank]) / total
-                recount[rank] -= (total - unique) * average
+            # the average weight at which the holders of shared hashes are charged for them.
+            holders = Counter(key for _, keys in programs for key in keys)
+            duplicates = sum((k - 1) * size for (size, _), k in holders.items())
+            shared = [(w, sum(size for size, h in keys if holders[(size, h)] >= 2))
+                      for w, keys in programs]
+            if duplicates:
+                average = sum(w * n for w, n in shared) / sum(n for _, n in shared)
+                recount[rank] -= duplicates * average
         for rank in set(recount) | set(RANKS) | set(self.table.assigned_workers()):
             ledger = self.table.usage(rank)
             assert close(ledger, recount.get(rank, 0.0)), (

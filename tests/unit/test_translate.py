@@ -23,7 +23,13 @@ from dynamo_thunderagent.dynamo.translate import (
     with_serving_worker,
     worker_loads,
 )
-from dynamo_thunderagent.program import NO_PREFIX, WorkerKey, prefix_ends
+from dynamo_thunderagent.program import (
+    NO_PREFIX,
+    PREFIX_LEVEL_HASHES,
+    PrefixBlocks,
+    WorkerKey,
+    prefix_ends,
+)
 from dynamo_thunderagent.selector import WorkerLoad
 
 
@@ -158,6 +164,15 @@ def test_prefix_hashes_span_the_token_window_with_spans_doubling_per_level() -> 
     # A shorter prompt gets the hashes that end inside it, on the same boundaries.
     short = hash_prefix_blocks(req["token_ids"][:600], 16, 256, 1_600)
     assert short.hashes == spanned.prefix.hashes[:34] and short.tokens == 512 + 64
+
+
+def test_prefix_spans_match_the_ends_they_were_hashed_at() -> None:
+    ends = prefix_ends(16, 256, 32_768)
+    prefix = PrefixBlocks(tuple(range(len(ends))), 16, PREFIX_LEVEL_HASHES)
+    assert [prefix.tokens_of(n) for n in range(1, len(ends) + 1)] == list(ends)
+    assert [prefix.span_of(i) for i in range(len(ends))] == [
+        end - start for start, end in zip((0, *ends), ends, strict=False)]
+    assert PrefixBlocks((1, 2, 3), 16).tokens == 48  # one block a hash
 
 
 @pytest.mark.parametrize(("block", "hashes", "window", "count", "last_end"), [
