@@ -172,9 +172,10 @@ class ThunderAgentParameters(_Strict):
     for blocks the engine holds once. Hashing costs the router about 0.35 ms for a prompt
     that fills the default window (0.1 ms for the first 4,096 tokens)."""
     shared_prefix_max_blocks: int = Field(256, gt=0, le=65_536)
-    """At most this many hashes per program for shared-prefix accounting (its memory):
-    each covers as few whole KV blocks as let them span ``shared_prefix_max_tokens``
-    (at 16-token blocks and the defaults, 8 blocks), so sharing is resolved to that."""
+    """At most this many hashes per program for shared-prefix accounting (its memory).
+    They cover whole KV blocks, spans doubling every 32 hashes (one block each, then two,
+    four, ...), so a shared prefix is found to within about 1/32 of its length: at
+    16-token blocks the default window takes 192, and 256 reach 130,560 tokens at most."""
     resume_affinity: bool = False
     """Resume a paused program on the worker/rank that served it last when that rank
     has room (its KV blocks may still be resident), else where there is most room."""

@@ -32,13 +32,15 @@ class _RankLedger:
     acting_tokens: int = 0
     programs: int = 0
     # Shared-prefix accounting: the tokens under each program's prefix hashes, per phase,
-    # and how many programs hold each hash, by the tokens one hash covers (after a policy
-    # reload, programs not yet back for a turn keep hashes of the old size). A hash held
-    # by k programs was charged k times; the k - 1 duplicates are credited back (see
+    # and how many programs hold each hash, by the tokens one hash covers. A hash held by
+    # k programs was charged k times; the k - 1 duplicates are credited back (see
     # ProgramTable._shared_credit).
     reasoning_prefix_tokens: int = 0
     acting_prefix_tokens: int = 0
     prefix_counts: dict[int, Counter[int]] = field(default_factory=dict)
+    # Tokens each charged program shares with another here (those sharing any), found
+    # when first asked after a change on the rank (None: to be found).
+    shared: dict[str, int] | None = None
 
 
 class ProgramTable:
@@ -89,6 +91,7 @@ class ProgramTable:
         if program.worker is None:
             return
         ledger = self._ledger.setdefault(program.worker, _RankLedger())
+        ledger.shared = None
         prefix = program.prefix
         prefix_tokens = prefix.tokens
         charged = _charged(program)
@@ -112,6 +115,7 @@ class ProgramTable:
         if program.worker is None:
             return
         ledger = self._ledger[program.worker]
+        ledger.shared = None
         prefix = program.prefix
         prefix_tokens = prefix.tokens
         charged = _charged(program)
@@ -167,13 +171,17 @@ class ProgramTable:
             return 0.0
         if weight is None:
             return float(duplicates)
-        shared = 0
-        weighted = 0.0
-        for program in self._members[worker].values():
-            if _charged(program):
-                tokens = _shared_tokens(ledger, program.prefix)
-                shared += tokens
-                weighted += weight(program) * tokens
+        members = self._members[worker]
+        if ledger.shared is None:
+            ledger.shared = {}
+            for session, program in members.items():
+                if _charged(program):
+                    tokens = _shared_tokens(ledger, program.prefix)
+                    if tokens:
+                        ledger.shared[session] = tokens
+        shared = sum(ledger.shared.values())
+        weighted = sum(weight(members[session]) * tokens
+                       for session, tokens in ledger.shared.items())
         return duplicates * weighted / shared if shared else 0.0
 
     # ---- queries --------------------------------------------------------------
@@ -198,10 +206,12 @@ class ProgramTable:
             return 0.0
         model = self.usage_model
         usage = 0.0
-        for program in self._members[worker].values():
-            usage += model.weight(program, now) * program.tokens + model.buffer_per_program
+        weights: dict[str, float] = {}
+        for session, program in self._members[worker].items():
+            weights[session] = weight = model.weight(program, now)
+            usage += weight * program.tokens + model.buffer_per_program
         return usage - self._shared_credit(worker, ledger,
-                                           lambda program: model.weight(program, now))
+                                           lambda program: weights[program.session_id])
 
     def members(self, worker: WorkerKey) -> list[Program]:
         """ACTIVE programs assigned to ``worker``, in creation order."""
@@ -220,7 +230,8 @@ class ProgramTable:
 
 def _shared_tokens(ledger: _RankLedger, prefix: PrefixBlocks) -> int:
     """Tokens under the leading hashes of ``prefix`` that another program on the rank
-    holds too. The hashes are chained, so those are a leading run: a binary search."""
+    holds too. The hashes are chained (each covers the whole prefix up to its end), so
+    those are a leading run: a binary search."""
     hashes = prefix.hashes
     low, high = 0, len(hashes)
     while low < high:

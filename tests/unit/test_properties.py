@@ -122,6 +122,25 @@ class Submitted:
     at: float
 
 
+def _decayed_recount(table: Any, model: Any, rank: WorkerKey, now: float) -> float:
+    """Usage of ``rank`` with each program at its weight ``now``, less the duplicates of
+    its shared prefix hashes at the average weight of the tokens their holders share."""
+    members = [p for p in table.programs.values()
+               if p.lifecycle is Lifecycle.ACTIVE and p.worker == rank]
+    usage = sum(model.weight(p, now) * p.tokens + model.buffer_per_program for p in members)
+    charged = [p for p in members if not (p.yielded and p.phase is Phase.ACTING)]
+    keys = {p.session_id: [(size, h) for size, hashes in p.prefix.groups() for h in hashes]
+            for p in charged}
+    holders = Counter(key for held in keys.values() for key in held)
+    duplicates = sum((k - 1) * size for (size, _), k in holders.items())
+    if not duplicates:
+        return usage
+    shared = {p.session_id: sum(size for size, h in keys[p.session_id] if holders[(size, h)] >= 2)
+              for p in charged}
+    weighted = sum(model.weight(p, now) * shared[p.session_id] for p in charged)
+    return usage - duplicates * weighted / sum(shared.values())
+
+
 def close(a: float, b: float) -> bool:
     return abs(a - b) <= TOLERANCE * max(1.0, abs(a), abs(b))
 
@@ -593,6 +612,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             ledger = self.table.usage(rank)
             assert close(ledger, recount.get(rank, 0.0)), (
                 f"usage({rank}) = {ledger}, recount = {recount.get(rank, 0.0)}")
+            # The decayed view (what the resume pass reads) the same way, each program at
+            # its weight now.
+            decayed = self.table.decayed_usage(rank, self.now)
+            expected = _decayed_recount(self.table, model, rank, self.now)
+            assert close(decayed, expected), (
+                f"decayed_usage({rank}) = {decayed}, recount = {expected}")
         members = {
             sid for rank in self.table.assigned_workers()
             for sid in (p.session_id for p in self.table.members(rank))
