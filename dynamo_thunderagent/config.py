@@ -166,7 +166,8 @@ class ThunderAgentParameters(_Strict):
     """Count KV blocks shared by several programs on a worker/rank (a common system
     prompt) once, from the leading block hashes of each request."""
     shared_prefix_max_tokens: int = Field(32_768, gt=0, le=16_777_216)
-    """How many leading tokens of each prompt are compared for shared-prefix accounting.
+    """How many leading tokens of each prompt are compared for shared-prefix accounting (up
+    to the last hash that ends within them: 32,256 of the default at 16-token blocks).
     Agents' shared system prompts and tool definitions run to tens of thousands of tokens
     (aiperf's agentic-code dataset: 32k); past the window each program is charged in full
     for blocks the engine holds once. Hashing costs the router about 0.35 ms for a prompt
