@@ -146,7 +146,7 @@ def test_a_system_prompt_past_the_hash_budget_is_still_counted_once() -> None:
         assert isinstance(d.outcome(request.request_id), Release)
         h.complete(request.request_id, len(tokens))
     credit = 2 * 6_200 - h.scheduler.table.usage(W0)
-    # Past 3,584 tokens the hashes cover 8 blocks (128 tokens) each at the defaults.
+    # From 3,584 to 7,680 tokens the hashes cover 8 blocks (128 tokens) each at the defaults.
     assert 6_000 - 128 < credit <= 6_000
 
 
