@@ -54,6 +54,11 @@ class RequestState(enum.Enum):
 PREFIX_LEVEL_HASHES = 32
 
 
+def _span(block_tokens: int, level_hashes: int, index: int) -> int:
+    """Tokens under hash ``index`` of a layout (``level_hashes`` 0: one block each)."""
+    return block_tokens << (index // level_hashes) if level_hashes > 0 else block_tokens
+
+
 @dataclass(frozen=True, slots=True)
 class PrefixBlocks:
     """Chained hashes of a prompt's leading KV blocks, ``block_tokens`` tokens each.
@@ -81,10 +86,8 @@ class PrefixBlocks:
         """``(tokens each hash covers, those hashes)`` for each run of equal spans."""
         if not self.hashes:
             return []
-        step = self.level_hashes
-        if step <= 0:
-            return [(self.block_tokens, self.hashes)]
-        return [(self.block_tokens << (start // step), self.hashes[start:start + step])
+        step = self.level_hashes if self.level_hashes > 0 else len(self.hashes)
+        return [(self.span_of(start), self.hashes[start:start + step])
                 for start in range(0, len(self.hashes), step)]
 
     @property
@@ -94,8 +97,7 @@ class PrefixBlocks:
 
     def span_of(self, index: int) -> int:
         """Tokens under hash ``index``."""
-        step = self.level_hashes
-        return self.block_tokens << (index // step) if step > 0 else self.block_tokens
+        return _span(self.block_tokens, self.level_hashes, index)
 
     def tokens_of(self, count: int) -> int:
         """Prompt tokens under the first ``count`` hashes."""
@@ -108,6 +110,11 @@ class PrefixBlocks:
 
 
 NO_PREFIX = PrefixBlocks()
+
+
+def prefix_levels(max_tokens: int) -> int:
+    """The ``level_hashes`` of the layout :func:`prefix_ends` makes for ``max_tokens``."""
+    return PREFIX_LEVEL_HASHES if max_tokens > 0 else 0
 
 
 @functools.lru_cache(maxsize=32)
@@ -124,13 +131,12 @@ def prefix_ends(block_tokens: int, max_hashes: int, max_tokens: int) -> tuple[in
     """
     if block_tokens <= 0 or max_hashes <= 0:
         return ()
-    if max_tokens <= 0:
-        return tuple(block_tokens * (i + 1) for i in range(max_hashes))
+    levels = prefix_levels(max_tokens)
     ends: list[int] = []
     end = 0
     while len(ends) < max_hashes:
-        end += block_tokens << (len(ends) // PREFIX_LEVEL_HASHES)
-        if end > max_tokens and ends:
+        end += _span(block_tokens, levels, len(ends))
+        if 0 < max_tokens < end and ends:
             break
         ends.append(end)
     return tuple(ends)

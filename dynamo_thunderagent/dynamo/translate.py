@@ -32,10 +32,10 @@ from dynamo_thunderagent.classifier import (
 )
 from dynamo_thunderagent.program import (
     NO_PREFIX,
-    PREFIX_LEVEL_HASHES,
     PrefixBlocks,
     WorkerKey,
     prefix_ends,
+    prefix_levels,
 )
 from dynamo_thunderagent.selector import WorkerLoad
 
@@ -70,8 +70,7 @@ def hash_prefix_blocks(token_ids: Sequence[int], block_tokens: int, max_blocks: 
         previous = hash((previous, tuple(token_ids[start:end])))
         hashes.append(previous)
         start = end
-    return PrefixBlocks(tuple(hashes), block_tokens,
-                        PREFIX_LEVEL_HASHES if max_tokens > 0 else 0)
+    return PrefixBlocks(tuple(hashes), block_tokens, prefix_levels(max_tokens))
 
 
 def classify_request(request: Mapping[str, Any], request_id: str, *, block_tokens: int = 0,

@@ -44,13 +44,13 @@ from dynamo_thunderagent.costs import TurnTiming
 from dynamo_thunderagent.decisions import Decisions
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY
 from dynamo_thunderagent.program import (
-    PREFIX_LEVEL_HASHES,
     Lifecycle,
     Phase,
     PrefixBlocks,
     RequestState,
     WorkerKey,
     prefix_ends,
+    prefix_levels,
 )
 from dynamo_thunderagent.scheduler import Scheduler
 from dynamo_thunderagent.selector import ThunderAgentSelector, WorkerLoad, WorkerSelector
@@ -248,7 +248,7 @@ class ProgramArm(Arm):
         shared = min(full, bisect.bisect_right(ends, request.system_tokens))
         return PrefixBlocks(tuple(hash(("system", i)) for i in range(shared)) + tuple(
             hash((request.session_id, i)) for i in range(shared, full)), block_tokens,
-            PREFIX_LEVEL_HASHES)
+            prefix_levels(params.shared_prefix_max_tokens))
 
     def first_token(self, request: SimRequest) -> None:
         self._apply(self.scheduler.responding(request.request_id, self.host.now()))
