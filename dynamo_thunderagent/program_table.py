@@ -78,11 +78,16 @@ class ProgramTable:
     @contextmanager
     def changing(self, program: Program) -> Iterator[Program]:
         """Mutate phase, lifecycle, worker or tokens of ``program`` inside this block."""
-        self._detach(program)
+        # The rank it leaves is priced once, after the change: by _attach where the program
+        # stays there, here where it moved, paused or lost its rank.
+        left = self._detach(program, refresh=False)
         try:
             yield program
         finally:
             self._attach(program)
+            stayed = program.lifecycle is Lifecycle.ACTIVE and program.worker == left
+            if left is not None and not stayed and left in self._ledger:
+                self._refresh(left, self._ledger[left])
 
     def _attach(self, program: Program) -> None:
         if program.lifecycle is Lifecycle.PAUSED:
@@ -108,12 +113,14 @@ class ProgramTable:
         self._members.setdefault(program.worker, {})[program.session_id] = program
         self._refresh(program.worker, ledger)
 
-    def _detach(self, program: Program) -> None:
+    def _detach(self, program: Program, *, refresh: bool = True) -> WorkerKey | None:
+        """Take ``program`` out of its rank's ledger; the rank it left, while that rank
+        still holds programs (priced again here unless ``refresh`` is False)."""
         if program.lifecycle is Lifecycle.PAUSED:
             del self._paused[program.session_id]
-            return
+            return None
         if program.worker is None:
-            return
+            return None
         ledger = self._ledger[program.worker]
         ledger.shared = None
         prefix = program.prefix
@@ -141,8 +148,10 @@ class ProgramTable:
             del self._members[program.worker]
             del self._ledger[program.worker]
             self._usage.pop(program.worker, None)
-        else:
+            return None
+        if refresh:
             self._refresh(program.worker, ledger)
+        return program.worker
 
     def _refresh(self, worker: WorkerKey, ledger: _RankLedger) -> None:
         model = self.usage_model
