@@ -1,4 +1,5 @@
-"""Two more agent workload shapes: long sessions with compaction, and subagent fan-out.
+"""More agent workload shapes: long sessions with compaction, subagent fan-out, and
+coding-agent sessions with aiperf's ``agentic-code`` distributions.
 
 Both are seeded generators like ``WorkloadSpec`` (``bench/workload.py``): agent ``index``
 depends only on ``(spec, seed, index)``, so a longer run extends a shorter one. Sizes are
@@ -41,12 +42,32 @@ parent's next turn appends the reports. The parent's tool time at a fan-out turn
 its subagents take (the drivers run them concurrently and wait for all), not a drawn
 duration: both harnesses can express that dependency, and drawing it would hide exactly the
 coupling (a parent held up by its slowest subagent) this shape is for.
+
+``agentic-code``: :class:`AgenticCodeSpec`, the coding-agent sessions of the benchmark
+client a Dynamo user runs first (aiperf 0.13's ``synthesize agentic-code``, replayed live by
+``bench clients --workloads agentic-code``), generated here so that the simulator and the
+live driver run the same shape. The distributions are those of the dataset aiperf ships
+(``bench/agentic_code.py`` lists them): a 32,000-token system prompt every session shares; a
+10,000-token project context and a session start (log-normal, mean 15,000, median 5,000, at
+most 50,000) in the first prompt; each turn appends a tool result (mean 6,000, median 4,000,
+at most 50,000) and generates mean 1,000, median 800 (at most 10,000); gaps are tool calls
+(70%, mean 5 s, median 2 s) or a person (30%, mean 30 s, median 15 s). Ours, not aiperf's
+code: the log-normals are fitted from mean and median and capped; a session resets (ends,
+and the next starts afresh) after a turn with probability 5% x (1 + 1.5 x prompt / limit),
+our reading of aiperf's reset settings; it retires when its next prompt would pass 75% of
+the worker (196,608 tokens; aiperf's limit is 200,000), as ``bench clients`` retires it.
+aiperf shares the project context within groups of sessions; here it is each session's own
+(sessions running at once rarely share a group of 100), which understates what is shared.
+Over the first 400 sessions of seed 0: 10.5 turns a session, first prompt 52k, mean prompt
+98k, mean peak 117k (so about 2.2 peaks, and more with the system prompt counted once, fit a
+262k-token worker), 1,006 generated tokens a turn: decode, not prefill, is most of a turn.
 """
 
 from __future__ import annotations
 
+import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dynamo_thunderagent.bench.workload import (
     SYNTHETIC_WORKLOADS,
@@ -272,11 +293,121 @@ class FanoutSpec:
                 f"(token x{self.token_scale:g}, time x{self.time_scale:g})")
 
 
+@dataclass(frozen=True)
+class LogNormal:
+    """A log-normal draw given as aiperf gives its distributions: ``mean`` and ``median``
+    (so ``mean > median > 0``), every draw capped at ``cap``."""
+
+    mean: float
+    median: float
+    cap: float
+
+    def validate(self, name: str) -> None:
+        if not 0 < self.median < self.mean <= self.cap:
+            raise ValueError(f"{name} must have 0 < median < mean <= cap, got {self}")
+
+    def draw(self, rng: random.Random) -> float:
+        sigma = math.sqrt(2.0 * math.log(self.mean / self.median))
+        return min(self.cap, self.median * math.exp(sigma * rng.gauss(0.0, 1.0)))
+
+
+def agentic_code_gaps() -> tuple[ToolTimeComponent, ...]:
+    """aiperf's agentic-code gaps: 70% tool calls (mean 5 s, median 2 s), 30% a person
+    (mean 30 s, median 15 s); log-normal from mean and median, no cap but the draw's."""
+    return (
+        ToolTimeComponent(weight=0.7, kind="lognormal", scale=2.0,
+                          shape=math.sqrt(2.0 * math.log(5.0 / 2.0)), cap_seconds=600.0),
+        ToolTimeComponent(weight=0.3, kind="lognormal", scale=15.0,
+                          shape=math.sqrt(2.0 * math.log(30.0 / 15.0)), cap_seconds=600.0),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AgenticCodeSpec:
+    """Coding-agent sessions with aiperf's ``agentic-code`` distributions (module docstring).
+
+    Tokens before scaling. A session's first prompt is the shared system prompt, a project
+    context and its own start; each later turn appends ``new_tokens`` (a tool result and the
+    next instruction) to the last prompt and its reply. After each turn the session resets
+    (ends; the next session starts afresh) with probability ``reset_probability x (1 +
+    reset_context_scaling x prompt / max_prompt_tokens)``, and it retires when its next
+    prompt would pass ``max_prompt_tokens``.
+    """
+
+    system_prompt_tokens: int = 32_000
+    project_tokens: int = 10_000
+    session_tokens: LogNormal = LogNormal(15_000, 5_000, 50_000)
+    new_tokens: LogNormal = LogNormal(6_000, 4_000, 50_000)
+    generated_tokens: LogNormal = LogNormal(1_000, 800, 10_000)
+    max_prompt_tokens: int = 196_608  # 75% of SHAPE_POOL_TOKENS (aiperf's limit is 200k)
+    reset_probability: float = 0.05
+    reset_context_scaling: float = 1.5
+    turns: Range = (1, 200)  # a bound on a session's turns besides the two ends above
+    tool_time: tuple[ToolTimeComponent, ...] = field(default_factory=agentic_code_gaps)
+    token_scale: float = 1.0
+    time_scale: float = 1.0
+    session_prefix: str = "agentic-code"
+
+    @property
+    def output_tokens(self) -> Range:
+        return (1, math.ceil(self.generated_tokens.cap))
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field that is out of range."""
+        check_ranges(self, ("turns",))
+        check_common_fields(self)
+        for name in ("session_tokens", "new_tokens", "generated_tokens"):
+            getattr(self, name).validate(name)
+        if self.project_tokens < 0:
+            raise ValueError(f"project_tokens must be >= 0, got {self.project_tokens}")
+        if self.max_prompt_tokens <= self.system_prompt_tokens + self.project_tokens:
+            raise ValueError("max_prompt_tokens must be above system prompt + project context")
+        if not (0 <= self.reset_probability <= 1 and self.reset_context_scaling >= 0):
+            raise ValueError("reset_probability must be in [0, 1] and reset_context_scaling "
+                             ">= 0")
+
+    def agent(self, index: int, seed: int) -> AgentPlan:
+        """Session ``index`` of the stream for ``seed``."""
+        self.validate()
+        rng = random.Random(f"agentic-code:{seed}:{index}")
+        scale = self.token_scale
+        start = self.project_tokens + round(self.session_tokens.draw(rng))
+        prompt = self.system_prompt_tokens + start  # unscaled, against the limit
+        turns: list[TurnPlan] = []
+        new = start
+        while True:
+            out = round(self.generated_tokens.draw(rng))
+            gap = draw_tool_seconds(self.tool_time, rng)
+            turns.append(TurnPlan(new_tokens=scale_tokens(new, scale),
+                                  output_tokens=scale_tokens(out, scale, minimum=1),
+                                  tool_seconds=gap * self.time_scale))
+            reset = self.reset_probability * (
+                1 + self.reset_context_scaling * prompt / self.max_prompt_tokens)
+            new = round(self.new_tokens.draw(rng))
+            if (len(turns) >= self.turns[1] or rng.random() < reset
+                    or prompt + out + new > self.max_prompt_tokens):
+                break
+            prompt += out + new
+        turns[-1] = replace(turns[-1], tool_seconds=0.0)
+        return AgentPlan(f"{self.session_prefix}-{seed}-{index}",
+                         scale_tokens(self.system_prompt_tokens, scale), tuple(turns))
+
+    def describe(self) -> str:
+        return (f"agentic-code (aiperf's distributions), shared system prompt "
+                f"{self.system_prompt_tokens} tokens, project context {self.project_tokens}, "
+                f"start mean {self.session_tokens.mean:g}, +{self.new_tokens.mean:g} and "
+                f"{self.generated_tokens.mean:g} generated tokens a turn on average, reset "
+                f"{self.reset_probability:.0%} a turn and more with context, retired at "
+                f"{self.max_prompt_tokens} tokens (token x{self.token_scale:g}, time "
+                f"x{self.time_scale:g})")
+
+
 LONG_WORKLOAD = LongSessionSpec()
 FANOUT_WORKLOAD = FanoutSpec()
-SHAPES: dict[str, LongSessionSpec | FanoutSpec] = {"long": LONG_WORKLOAD,
-                                                   "fanout": FANOUT_WORKLOAD}
+AGENTIC_CODE_WORKLOAD = AgenticCodeSpec()
+SHAPES: dict[str, LongSessionSpec | FanoutSpec | AgenticCodeSpec] = {
+    "long": LONG_WORKLOAD, "fanout": FANOUT_WORKLOAD, "agentic-code": AGENTIC_CODE_WORKLOAD}
 
 # Every synthetic workload by name: workload.py's (``swe``, ``toy``) and the shapes above.
-SyntheticWorkload = WorkloadSpec | LongSessionSpec | FanoutSpec
+SyntheticWorkload = WorkloadSpec | LongSessionSpec | FanoutSpec | AgenticCodeSpec
 ALL_SYNTHETIC: dict[str, SyntheticWorkload] = {**SYNTHETIC_WORKLOADS, **SHAPES}

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import io
 import json
+import random
 from itertools import islice
 from types import SimpleNamespace
 from typing import Any
@@ -19,11 +20,14 @@ from dynamo_thunderagent.bench.metrics import recomputed_tokens
 from dynamo_thunderagent.bench.prompts import History, PromptText, TemplateOverhead
 from dynamo_thunderagent.bench.records import TurnRecord
 from dynamo_thunderagent.bench.shapes import (
+    AGENTIC_CODE_WORKLOAD,
     FANOUT_WORKLOAD,
     LONG_WORKLOAD,
     SHAPE_POOL_TOKENS,
     SHAPES,
+    AgenticCodeSpec,
     FanoutSpec,
+    LogNormal,
     LongSessionSpec,
     shape_token_factor,
 )
@@ -108,6 +112,54 @@ def test_fanout_parents_spawn_short_subagents_that_share_the_system_prompt() -> 
             assert plan.turns[k + 1].new_tokens == reports  # the parent reads the reports
         assert plan.peak_footprint_tokens > plan.peak_context_tokens - 1
     assert fanouts > 2 * len(plans)
+
+
+def test_agentic_code_sessions_grow_by_a_tool_result_and_the_reply_until_reset_or_limit() -> None:
+    spec = AGENTIC_CODE_WORKLOAD
+    plans = make_agents(spec, 400, seed=0)
+    limited = 0
+    for plan in plans:
+        assert plan.system_tokens == spec.system_prompt_tokens
+        first = plan.turns[0].new_tokens - spec.project_tokens  # the session's own start
+        assert 0 < first <= spec.session_tokens.cap
+        for k in range(1, len(plan.turns)):
+            turn = plan.turns[k]
+            assert not turn.compaction and not turn.subagents
+            assert 0 <= turn.new_tokens <= spec.new_tokens.cap
+            previous = plan.prompt_tokens(k - 1) + plan.turns[k - 1].output_tokens
+            assert plan.prompt_tokens(k) == previous + turn.new_tokens
+        assert all(1 <= t.output_tokens <= spec.generated_tokens.cap for t in plan.turns)
+        assert max(plan.prompt_tokens(k) for k in range(len(plan.turns))) <= spec.max_prompt_tokens
+        assert len(plan.turns) <= spec.turns[1]
+        assert plan.turns[-1].tool_seconds == 0.0
+        # Near the limit (within the largest tool result): retired there, or reset late.
+        if plan.context_tokens()[-1] > spec.max_prompt_tokens - spec.new_tokens.cap:
+            limited += 1
+    assert 0.1 * len(plans) < limited < 0.6 * len(plans)  # resets end the others early
+    # aiperf's means, within sampling error over about 4,000 draws.
+    outputs = [t.output_tokens for p in plans for t in p.turns]
+    assert 900 < sum(outputs) / len(outputs) < 1100
+    news = [t.new_tokens for p in plans for t in p.turns[1:]]
+    assert 5000 < sum(news) / len(news) < 7000
+    gaps = [t.tool_seconds for p in plans for t in p.turns[:-1]]
+    assert 0.6 < sum(g < 10.0 for g in gaps) / len(gaps) < 0.9  # mostly tool calls
+
+
+def test_agentic_code_validation_names_the_field() -> None:
+    with pytest.raises(ValueError, match="new_tokens must have 0 < median < mean"):
+        dataclasses.replace(AGENTIC_CODE_WORKLOAD,
+                            new_tokens=LogNormal(4000, 6000, 50000)).validate()
+    with pytest.raises(ValueError, match="max_prompt_tokens must be above"):
+        AgenticCodeSpec(max_prompt_tokens=40_000).validate()
+    with pytest.raises(ValueError, match="reset_probability"):
+        AgenticCodeSpec(reset_probability=1.5).validate()
+    with pytest.raises(ValueError, match="project_tokens"):
+        AgenticCodeSpec(project_tokens=-1).validate()
+    never = AgenticCodeSpec(reset_probability=0.0)  # only the limit or the turn bound ends it
+    for plan in make_agents(never, 50, seed=0):
+        assert plan.context_tokens()[-1] > never.max_prompt_tokens - never.new_tokens.cap or (
+            len(plan.turns) == never.turns[1])
+    assert all(LogNormal(1000, 800, 10).draw(random.Random(i)) <= 10 for i in range(20))
 
 
 def test_footprint_counts_the_shared_system_prompt_once() -> None:
@@ -291,7 +343,7 @@ def test_simulated_parent_waits_for_all_its_subagents() -> None:
     assert sim.agents_completed == 1  # the parent; subagents are not agents
 
 
-@pytest.mark.parametrize("workload", ["long", "fanout"])
+@pytest.mark.parametrize("workload", ["long", "fanout", "agentic-code"])
 def test_bench_sim_runs_each_shape_on_a_small_n(
     workload: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -318,7 +370,7 @@ def test_bench_sim_markdown_names_the_shape(capsys: pytest.CaptureFixture[str]) 
 # ---- live sizing --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("workload", ["long", "fanout"])
+@pytest.mark.parametrize("workload", ["long", "fanout", "agentic-code"])
 def test_live_dry_run_sizes_the_sweep_by_mean_peak_footprint(workload: str) -> None:
     args = build_parser().parse_args(
         ["bench", "live", "--regime", "all", "--workload", workload, "--repeats", "1"])
