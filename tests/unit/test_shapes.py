@@ -405,3 +405,16 @@ def test_live_plans_keep_subagents_and_compactions_through_overhead_and_warm_sta
     assert not joined.turns[0].compaction
     assert all(joined.prompt_tokens(j) == long_plan.prompt_tokens(k + j)
                for j in range(len(joined.turns)))
+
+
+def test_bench_sim_tables_keep_a_decimal_where_a_shape_runs_few_steps_a_minute(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli.main(["bench", "sim", "--regime", "calibrated", "--workload", "agentic-code",
+                     "--agents", "2", "--arms", "stock", "--window-s", "600",
+                     "--warmup-s", "60", "--jobs", "1"])
+    assert code == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| 2 | stock | "))
+    steps = row.split(" | ")[2]
+    assert float(steps) < 100 and "." in steps  # whole steps would hide a tenth of it

@@ -2,8 +2,8 @@
 # Generality probes: ours against stock in the simulator on settings no policy was tuned on
 # (other seeds, 4 and 8 workers, tool times x0.25 and x4, tokens x0.5 and x2, engine limits,
 # twice the KV, clients that do not send replies back) besides every regime and shape at 1x-4x
-# the KV capacity. Prints one markdown row per case, sorted, and the cases where ours is below
-# stock by more than 1%. About 2 minutes on 2 cores.
+# the KV capacity (aiperf's agentic-code sessions included). Prints one markdown row per case,
+# sorted, and the cases where ours is below stock by more than 1%. About 2 minutes on 2 cores.
 # Usage: docs/benchmarks/sim/run-probes.sh [POLICY]   (default: the shipped extended policy)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -16,7 +16,7 @@ probe() {  # probe LABEL ARGS...: one sweep of stock and ours, rows prefixed wit
   shift
   .venv/bin/python -m dynamo_thunderagent bench sim "$@" --arms stock,ours \
     --policy "$policy" --jobs 1 2>/dev/null \
-    | grep -E '^\| [0-9]+ \| [0-9]+ \| ' | sed "s/^/| $label /" > "$tmp/$label.md"
+    | grep -E '^\| [0-9]+ \| [0-9.]+ \| ' | sed "s/^/| $label /" > "$tmp/$label.md"
 }
 
 cases=(
@@ -57,6 +57,11 @@ cases=(
   "calibrated fanout, tokens x2|--regime calibrated --workload fanout --token-scale 2 --agents 11,16,22"
   "calibrated fanout, tools x4|--regime calibrated --workload fanout --time-scale 4 --agents 22,44"
   "tiered long, tools x4|--regime tiered --workload long --time-scale 4 --agents 24,48"
+  # aiperf's agentic-code distributions: turns that are mostly decode.
+  "calibrated agentic-code|--regime calibrated --workload agentic-code --agents 5,9,14,18"
+  "calibrated agentic-code, seed 2|--regime calibrated --workload agentic-code --seed 2 --agents 9,14"
+  "cheap-recompute agentic-code|--regime cheap-recompute --workload agentic-code --agents 9,14"
+  "tiered agentic-code|--regime tiered --workload agentic-code --agents 9,14"
 )
 running=0
 for case in "${cases[@]}"; do

@@ -203,6 +203,12 @@ def _f(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _steps(steps_per_min: float) -> str:
+    """Steps/min to a table: whole steps, one decimal under 100 (shapes of long turns run
+    a few steps a minute, where whole steps hide a tenth of the figure)."""
+    return f"{steps_per_min:.1f}" if steps_per_min < 100 else f"{steps_per_min:.0f}"
+
+
 def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
     """The sweep as markdown: setup, steps/min by N, then every figure per (N, arm)."""
     s = spec.scenario
@@ -235,7 +241,7 @@ def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
             r = by_key[(n, arm)]
             ratio = (f" ({r.steps_per_min / baseline[n]:.2f}x)"
                      if baseline.get(n) and arm != "stock" else "")
-            cells.append(f"{r.steps_per_min:.0f}{ratio}")
+            cells.append(f"{_steps(r.steps_per_min)}{ratio}")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -245,7 +251,7 @@ def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
     ]
     for r in results:
         lines.append(
-            f"| {r.agents} | {r.arm} | {r.steps_per_min:.0f} | {_f(r.hit_rate, 3)} | "
+            f"| {r.agents} | {r.arm} | {_steps(r.steps_per_min)} | {_f(r.hit_rate, 3)} | "
             f"{r.recomputed_tokens:,} | {_f(r.latency_p50_s)} / {_f(r.latency_p99_s)} | "
             f"{_f(r.wait_p50_s)} / {_f(r.wait_p99_s)} / {_f(r.wait_max_s)} | {r.pauses} | "
             f"{r.resumes} | {r.moves} | {r.busy_fraction:.2f} | {len(r.problems)} |")
