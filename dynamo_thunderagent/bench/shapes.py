@@ -1,7 +1,7 @@
 """More agent workload shapes: long sessions with compaction, subagent fan-out, and
 coding-agent sessions with aiperf's ``agentic-code`` distributions.
 
-Both are seeded generators like ``WorkloadSpec`` (``bench/workload.py``): agent ``index``
+All are seeded generators like ``WorkloadSpec`` (``bench/workload.py``): agent ``index``
 depends only on ``(spec, seed, index)``, so a longer run extends a shorter one. Sizes are
 given in tokens *before* scaling and are chosen for the calibrated regime's simulated worker
 (``SHAPE_POOL_TOKENS``, 262k tokens, like one GPU of the shipped trace); a harness running a
@@ -69,6 +69,19 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
+from dynamo_thunderagent.bench.agentic_code import (
+    AGENTIC_FRACTION,
+    MAX_PROMPT_SHARE,
+    REAL_AGENTIC_DELAY_MS,
+    REAL_GENERATION_TOKENS,
+    REAL_GROUP_TOKENS,
+    REAL_HUMAN_DELAY_MS,
+    REAL_MAX_PROMPT_TOKENS,
+    REAL_NEW_TOKENS_PER_TURN,
+    REAL_SESSION_TOKENS,
+    REAL_SHARED_TOKENS,
+    RESET,
+)
 from dynamo_thunderagent.bench.workload import (
     SYNTHETIC_WORKLOADS,
     AgentPlan,
@@ -293,6 +306,12 @@ class FanoutSpec:
                 f"(token x{self.token_scale:g}, time x{self.time_scale:g})")
 
 
+def lognormal_sigma(mean: float, median: float) -> float:
+    """Log-space standard deviation of the log-normal with this ``mean`` and ``median``
+    (``mean > median > 0``), as aiperf fits one when only those are given."""
+    return math.sqrt(2.0 * math.log(mean / median))
+
+
 @dataclass(frozen=True)
 class LogNormal:
     """A log-normal draw given as aiperf gives its distributions: ``mean`` and ``median``
@@ -302,24 +321,36 @@ class LogNormal:
     median: float
     cap: float
 
+    @classmethod
+    def of(cls, figures: dict[str, float]) -> LogNormal:
+        """From a ``{"mean", "median", "max"}`` dict (``bench/agentic_code.py``'s form)."""
+        return cls(figures["mean"], figures["median"], figures["max"])
+
     def validate(self, name: str) -> None:
         if not 0 < self.median < self.mean <= self.cap:
             raise ValueError(f"{name} must have 0 < median < mean <= cap, got {self}")
 
     def draw(self, rng: random.Random) -> float:
-        sigma = math.sqrt(2.0 * math.log(self.mean / self.median))
+        sigma = lognormal_sigma(self.mean, self.median)
         return min(self.cap, self.median * math.exp(sigma * rng.gauss(0.0, 1.0)))
 
 
+# The shipped dataset's token distributions (frozen, so one instance serves every spec).
+_SESSION_START = LogNormal.of(REAL_SESSION_TOKENS)
+_NEW_PER_TURN = LogNormal.of(REAL_NEW_TOKENS_PER_TURN)
+_GENERATED = LogNormal.of(REAL_GENERATION_TOKENS)
+
+
 def agentic_code_gaps() -> tuple[ToolTimeComponent, ...]:
-    """aiperf's agentic-code gaps: 70% tool calls (mean 5 s, median 2 s), 30% a person
-    (mean 30 s, median 15 s); log-normal from mean and median, no cap but the draw's."""
-    return (
-        ToolTimeComponent(weight=0.7, kind="lognormal", scale=2.0,
-                          shape=math.sqrt(2.0 * math.log(5.0 / 2.0)), cap_seconds=600.0),
-        ToolTimeComponent(weight=0.3, kind="lognormal", scale=15.0,
-                          shape=math.sqrt(2.0 * math.log(30.0 / 15.0)), cap_seconds=600.0),
-    )  # fmt: skip
+    """aiperf's agentic-code gaps: tool calls (70%, mean 5 s, median 2 s) or a person (30%,
+    mean 30 s, median 15 s), log-normal from mean and median. aiperf caps neither; each draw
+    here is capped at 600 s, the tool timeout of every other shape's mixture."""
+    def part(weight: float, delay_ms: dict[str, float]) -> ToolTimeComponent:
+        mean, median = delay_ms["mean"] / 1000.0, delay_ms["median"] / 1000.0
+        return ToolTimeComponent(weight=weight, kind="lognormal", scale=median,
+                                 shape=lognormal_sigma(mean, median), cap_seconds=600.0)
+    return (part(AGENTIC_FRACTION, REAL_AGENTIC_DELAY_MS),
+            part(1.0 - AGENTIC_FRACTION, REAL_HUMAN_DELAY_MS))
 
 
 @dataclass(frozen=True)
@@ -329,42 +360,62 @@ class AgenticCodeSpec:
     Tokens before scaling. A session's first prompt is the shared system prompt, a project
     context and its own start; each later turn appends ``new_tokens`` (a tool result and the
     next instruction) to the last prompt and its reply. After each turn the session resets
-    (ends; the next session starts afresh) with probability ``reset_probability x (1 +
-    reset_context_scaling x prompt / max_prompt_tokens)``, and it retires when its next
-    prompt would pass ``max_prompt_tokens``.
+    (ends; the next session starts afresh) with :meth:`reset_chance`, and it retires when its
+    next prompt would pass ``max_prompt_tokens`` or after ``max_turns`` turns.
     """
 
-    system_prompt_tokens: int = 32_000
-    project_tokens: int = 10_000
-    session_tokens: LogNormal = LogNormal(15_000, 5_000, 50_000)
-    new_tokens: LogNormal = LogNormal(6_000, 4_000, 50_000)
-    generated_tokens: LogNormal = LogNormal(1_000, 800, 10_000)
-    max_prompt_tokens: int = 196_608  # 75% of SHAPE_POOL_TOKENS (aiperf's limit is 200k)
-    reset_probability: float = 0.05
-    reset_context_scaling: float = 1.5
-    turns: Range = (1, 200)  # a bound on a session's turns besides the two ends above
+    system_prompt_tokens: int = REAL_SHARED_TOKENS
+    project_tokens: int = REAL_GROUP_TOKENS
+    session_tokens: LogNormal = _SESSION_START
+    new_tokens: LogNormal = _NEW_PER_TURN
+    generated_tokens: LogNormal = _GENERATED
+    # As bench clients retires a session: at a share of the worker (aiperf's limit is 200k).
+    max_prompt_tokens: int = min(REAL_MAX_PROMPT_TOKENS,
+                                 int(SHAPE_POOL_TOKENS * MAX_PROMPT_SHARE))
+    reset_probability: float = RESET["base_probability"]
+    reset_context_scaling: float = RESET["context_scaling"]
+    max_turns: int = 200
     tool_time: tuple[ToolTimeComponent, ...] = field(default_factory=agentic_code_gaps)
     token_scale: float = 1.0
     time_scale: float = 1.0
     session_prefix: str = "agentic-code"
 
     @property
+    def turns(self) -> Range:
+        """At least one turn, at most ``max_turns`` (the other shapes' ``turns`` range)."""
+        return (1, self.max_turns)
+
+    @property
     def output_tokens(self) -> Range:
         return (1, math.ceil(self.generated_tokens.cap))
 
+    def reset_chance(self, prompt_tokens: int) -> float:
+        """Chance that a session ends after a turn whose prompt had ``prompt_tokens``
+        (unscaled): ``reset_probability``, raised in proportion to how full the prompt is."""
+        return self.reset_probability * (
+            1.0 + self.reset_context_scaling * prompt_tokens / self.max_prompt_tokens)
+
     def validate(self) -> None:
         """Raise ValueError naming the field that is out of range."""
-        check_ranges(self, ("turns",))
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         check_common_fields(self)
         for name in ("session_tokens", "new_tokens", "generated_tokens"):
             getattr(self, name).validate(name)
         if self.project_tokens < 0:
             raise ValueError(f"project_tokens must be >= 0, got {self.project_tokens}")
-        if self.max_prompt_tokens <= self.system_prompt_tokens + self.project_tokens:
-            raise ValueError("max_prompt_tokens must be above system prompt + project context")
-        if not (0 <= self.reset_probability <= 1 and self.reset_context_scaling >= 0):
-            raise ValueError("reset_probability must be in [0, 1] and reset_context_scaling "
-                             ">= 0")
+        first = self.system_prompt_tokens + self.project_tokens + self.session_tokens.cap
+        if self.max_prompt_tokens < first:
+            raise ValueError(
+                f"max_prompt_tokens must hold the largest first prompt (system prompt + "
+                f"project context + session_tokens.cap = {first:g}), got "
+                f"{self.max_prompt_tokens}")
+        if not 0 <= self.reset_probability <= 1:
+            raise ValueError(
+                f"reset_probability must be in [0, 1], got {self.reset_probability}")
+        if self.reset_context_scaling < 0:
+            raise ValueError(
+                f"reset_context_scaling must be >= 0, got {self.reset_context_scaling}")
 
     def agent(self, index: int, seed: int) -> AgentPlan:
         """Session ``index`` of the stream for ``seed``."""
@@ -381,10 +432,9 @@ class AgenticCodeSpec:
             turns.append(TurnPlan(new_tokens=scale_tokens(new, scale),
                                   output_tokens=scale_tokens(out, scale, minimum=1),
                                   tool_seconds=gap * self.time_scale))
-            reset = self.reset_probability * (
-                1 + self.reset_context_scaling * prompt / self.max_prompt_tokens)
+            reset = self.reset_chance(prompt)
             new = round(self.new_tokens.draw(rng))
-            if (len(turns) >= self.turns[1] or rng.random() < reset
+            if (len(turns) >= self.max_turns or rng.random() < reset
                     or prompt + out + new > self.max_prompt_tokens):
                 break
             prompt += out + new

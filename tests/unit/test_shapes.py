@@ -122,15 +122,12 @@ def test_agentic_code_sessions_grow_by_a_tool_result_and_the_reply_until_reset_o
         assert plan.system_tokens == spec.system_prompt_tokens
         first = plan.turns[0].new_tokens - spec.project_tokens  # the session's own start
         assert 0 < first <= spec.session_tokens.cap
-        for k in range(1, len(plan.turns)):
-            turn = plan.turns[k]
+        for turn in plan.turns[1:]:  # each appends to the last prompt and reply
             assert not turn.compaction and not turn.subagents
             assert 0 <= turn.new_tokens <= spec.new_tokens.cap
-            previous = plan.prompt_tokens(k - 1) + plan.turns[k - 1].output_tokens
-            assert plan.prompt_tokens(k) == previous + turn.new_tokens
         assert all(1 <= t.output_tokens <= spec.generated_tokens.cap for t in plan.turns)
         assert max(plan.prompt_tokens(k) for k in range(len(plan.turns))) <= spec.max_prompt_tokens
-        assert len(plan.turns) <= spec.turns[1]
+        assert len(plan.turns) <= spec.max_turns
         assert plan.turns[-1].tool_seconds == 0.0
         # Near the limit (within the largest tool result): retired there, or reset late.
         if plan.context_tokens()[-1] > spec.max_prompt_tokens - spec.new_tokens.cap:
@@ -149,16 +146,30 @@ def test_agentic_code_validation_names_the_field() -> None:
     with pytest.raises(ValueError, match="new_tokens must have 0 < median < mean"):
         dataclasses.replace(AGENTIC_CODE_WORKLOAD,
                             new_tokens=LogNormal(4000, 6000, 50000)).validate()
-    with pytest.raises(ValueError, match="max_prompt_tokens must be above"):
-        AgenticCodeSpec(max_prompt_tokens=40_000).validate()
-    with pytest.raises(ValueError, match="reset_probability"):
+    # 32k + 10k + a 50k start fit 92k, not 50k: the first prompt would pass the limit.
+    with pytest.raises(ValueError, match="max_prompt_tokens must hold the largest first "
+                                         r"prompt .* = 92000\), got 50000"):
+        AgenticCodeSpec(max_prompt_tokens=50_000).validate()
+    with pytest.raises(ValueError, match=r"reset_probability must be in \[0, 1\], got 1.5"):
         AgenticCodeSpec(reset_probability=1.5).validate()
-    with pytest.raises(ValueError, match="project_tokens"):
+    with pytest.raises(ValueError, match="reset_context_scaling must be >= 0, got -1"):
+        AgenticCodeSpec(reset_context_scaling=-1).validate()
+    with pytest.raises(ValueError, match="project_tokens must be >= 0, got -1"):
         AgenticCodeSpec(project_tokens=-1).validate()
+    with pytest.raises(ValueError, match="max_turns must be >= 1, got 0"):
+        AgenticCodeSpec(max_turns=0).validate()
+    spec = AGENTIC_CODE_WORKLOAD
+    assert spec.reset_chance(0) == pytest.approx(0.05)
+    assert spec.reset_chance(spec.max_prompt_tokens) == pytest.approx(0.05 * 2.5)
+    # With a flat chance and no limit in reach, sessions last 1/p turns on average.
+    flat = AgenticCodeSpec(reset_probability=0.1, reset_context_scaling=0.0,
+                           max_prompt_tokens=10**12)
+    lengths = [len(p.turns) for p in make_agents(flat, 1000, seed=0)]
+    assert 9.0 < sum(lengths) / len(lengths) < 11.0
     never = AgenticCodeSpec(reset_probability=0.0)  # only the limit or the turn bound ends it
     for plan in make_agents(never, 50, seed=0):
         assert plan.context_tokens()[-1] > never.max_prompt_tokens - never.new_tokens.cap or (
-            len(plan.turns) == never.turns[1])
+            len(plan.turns) == never.max_turns)
     assert all(LogNormal(1000, 800, 10).draw(random.Random(i)) <= 10 for i in range(20))
 
 

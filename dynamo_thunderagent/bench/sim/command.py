@@ -65,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=("trace", "synthetic", *SHAPES),
                         help="replay a trace or generate agents (preset: calibrated replays "
                         "the shipped trace, cheap-recompute is synthetic); long: sessions "
-                        "with compaction, fanout: parents with subagents")
+                        "with compaction, fanout: parents with subagents, agentic-code: "
+                        "aiperf's coding-agent distributions")
     parser.add_argument("--trace", help="replay this JSONL trace (implies --workload trace)")
     parser.add_argument("--token-scale", type=float, help="multiply every token count")
     parser.add_argument("--time-scale", type=float, help="multiply every tool time")
