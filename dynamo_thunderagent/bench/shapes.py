@@ -344,7 +344,8 @@ _GENERATED = LogNormal.of(REAL_GENERATION_TOKENS)
 def agentic_code_gaps() -> tuple[ToolTimeComponent, ...]:
     """aiperf's agentic-code gaps: tool calls (70%, mean 5 s, median 2 s) or a person (30%,
     mean 30 s, median 15 s), log-normal from mean and median. aiperf caps neither; each draw
-    here is capped at 600 s, the tool timeout of every other shape's mixture."""
+    here is capped at 600 s, ``ToolTimeComponent``'s default tool timeout (the SWE mixture's;
+    the long, fan-out and toy shapes cap at 60 s)."""
     def part(weight: float, delay_ms: dict[str, float]) -> ToolTimeComponent:
         mean, median = delay_ms["mean"] / 1000.0, delay_ms["median"] / 1000.0
         return ToolTimeComponent(weight=weight, kind="lognormal", scale=median,
@@ -369,7 +370,7 @@ class AgenticCodeSpec:
     session_tokens: LogNormal = _SESSION_START
     new_tokens: LogNormal = _NEW_PER_TURN
     generated_tokens: LogNormal = _GENERATED
-    # As bench clients retires a session: at a share of the worker (aiperf's limit is 200k).
+    # Retired at the share of a worker where bench clients retires it (aiperf's limit: 200k).
     max_prompt_tokens: int = min(REAL_MAX_PROMPT_TOKENS,
                                  int(SHAPE_POOL_TOKENS * MAX_PROMPT_SHARE))
     reset_probability: float = RESET["base_probability"]
@@ -408,7 +409,7 @@ class AgenticCodeSpec:
         if self.max_prompt_tokens < first:
             raise ValueError(
                 f"max_prompt_tokens must hold the largest first prompt (system prompt + "
-                f"project context + session_tokens.cap = {first:g}), got "
+                f"project context + session_tokens.cap = {first:.0f}), got "
                 f"{self.max_prompt_tokens}")
         if not 0 <= self.reset_probability <= 1:
             raise ValueError(

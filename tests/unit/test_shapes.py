@@ -166,6 +166,10 @@ def test_agentic_code_validation_names_the_field() -> None:
                            max_prompt_tokens=10**12)
     lengths = [len(p.turns) for p in make_agents(flat, 1000, seed=0)]
     assert 9.0 < sum(lengths) / len(lengths) < 11.0
+    # The chance grows with the prompt the session has reached: far fewer turns.
+    growing = dataclasses.replace(flat, reset_context_scaling=10**11)
+    grown = [len(p.turns) for p in make_agents(growing, 200, seed=0)]
+    assert sum(grown) / len(grown) < 2.0
     never = AgenticCodeSpec(reset_probability=0.0)  # only the limit or the turn bound ends it
     for plan in make_agents(never, 50, seed=0):
         assert plan.context_tokens()[-1] > never.max_prompt_tokens - never.new_tokens.cap or (
