@@ -66,6 +66,13 @@ def _tokens(real: float, factor: float) -> int:
     return round(real * factor)  # round, not ceil: 200000 * 0.07 is 14000.000000000002
 
 
+def retire_at_tokens(token_scale: float, worker_kv_tokens: int) -> int:
+    """Where a session retires: aiperf's 200k-token limit at ``token_scale``, or
+    :data:`MAX_PROMPT_SHARE` of a worker of ``worker_kv_tokens``, whichever is less."""
+    return min(_tokens(REAL_MAX_PROMPT_TOKENS, token_scale),
+               int(worker_kv_tokens * MAX_PROMPT_SHARE))
+
+
 def scaled_config(token_scale: float, time_scale: float, block_size: int,
                   worker_kv_tokens: int) -> dict[str, Any]:
     """aiperf's agentic-code generator config at ``token_scale`` tokens and ``time_scale``
@@ -77,8 +84,6 @@ def scaled_config(token_scale: float, time_scale: float, block_size: int,
     if token_scale <= 0 or time_scale <= 0 or block_size < 1 or worker_kv_tokens < 1:
         raise ValueError("token_scale and time_scale must be > 0, block_size and "
                          "worker_kv_tokens >= 1")
-    max_prompt = min(_tokens(REAL_MAX_PROMPT_TOKENS, token_scale),
-                     int(worker_kv_tokens * MAX_PROMPT_SHARE))
     return {
         "new_tokens_per_turn": {**_scaled(REAL_NEW_TOKENS_PER_TURN, token_scale), "bias": 1.0},
         "generation_length": _scaled(REAL_GENERATION_TOKENS, token_scale),
@@ -89,7 +94,7 @@ def scaled_config(token_scale: float, time_scale: float, block_size: int,
             "max": None,
         },
         "reset": dict(RESET),
-        "max_prompt_tokens": max_prompt,
+        "max_prompt_tokens": retire_at_tokens(token_scale, worker_kv_tokens),
         "block_size": block_size,
         "cache": {
             "layer1_tokens": _tokens(REAL_SHARED_TOKENS, token_scale),

@@ -71,16 +71,15 @@ from dataclasses import dataclass, field, replace
 
 from dynamo_thunderagent.bench.agentic_code import (
     AGENTIC_FRACTION,
-    MAX_PROMPT_SHARE,
     REAL_AGENTIC_DELAY_MS,
     REAL_GENERATION_TOKENS,
     REAL_GROUP_TOKENS,
     REAL_HUMAN_DELAY_MS,
-    REAL_MAX_PROMPT_TOKENS,
     REAL_NEW_TOKENS_PER_TURN,
     REAL_SESSION_TOKENS,
     REAL_SHARED_TOKENS,
     RESET,
+    retire_at_tokens,
 )
 from dynamo_thunderagent.bench.workload import (
     SYNTHETIC_WORKLOADS,
@@ -339,6 +338,7 @@ class LogNormal:
 _SESSION_START = LogNormal.of(REAL_SESSION_TOKENS)
 _NEW_PER_TURN = LogNormal.of(REAL_NEW_TOKENS_PER_TURN)
 _GENERATED = LogNormal.of(REAL_GENERATION_TOKENS)
+_MAX_PROMPT = retire_at_tokens(1.0, SHAPE_POOL_TOKENS)
 
 
 def agentic_code_gaps() -> tuple[ToolTimeComponent, ...]:
@@ -370,9 +370,8 @@ class AgenticCodeSpec:
     session_tokens: LogNormal = _SESSION_START
     new_tokens: LogNormal = _NEW_PER_TURN
     generated_tokens: LogNormal = _GENERATED
-    # Retired at the share of a worker where bench clients retires it (aiperf's limit: 200k).
-    max_prompt_tokens: int = min(REAL_MAX_PROMPT_TOKENS,
-                                 int(SHAPE_POOL_TOKENS * MAX_PROMPT_SHARE))
+    # Retired where bench clients retires it, on the worker the shapes are sized for.
+    max_prompt_tokens: int = _MAX_PROMPT
     reset_probability: float = RESET["base_probability"]
     reset_context_scaling: float = RESET["context_scaling"]
     max_turns: int = 200
