@@ -4,8 +4,11 @@ For every extension the extended policy turns on, ``plus_<name>.yaml`` is the pa
 with that one setting added and ``minus_<name>.yaml`` is the extended policy with it back at
 its parity default; for each extension the extended policy leaves off (:data:`LEFT_OFF`),
 ``plus_<name>.yaml`` adds it to parity and ``with_<name>.yaml`` adds it to the extended
-policy. ``minus_host_tier.yaml`` is the extended policy blind to a host KV tier: it sets
-``host_kv_blocks: 0`` on purpose, so a benchmark with a tier does not tell it the size.
+policy. A parameter of Dynamo's own that the extended policy sets to another value than parity
+(``resume_timeout_seconds``) gets both files too: ``plus_`` is parity with the extended value,
+``minus_`` the extended policy with parity's. ``minus_host_tier.yaml`` is the extended policy
+blind to a host KV tier: it sets ``host_kv_blocks: 0`` on purpose, so a benchmark with a tier
+does not tell it the size.
 The files in ``policies/ablations/`` are written by ``python -m
 dynamo_thunderagent.bench.ablations`` and a test checks that they match, so they follow the
 shipped policies instead of drifting from them.
@@ -63,6 +66,11 @@ def ablations() -> dict[str, dict[str, Any]]:
         gone = {name, *(n for n, needs in NEEDS.items() if name in needs)}
         out[f"minus_{name}"] = _with_parameters(
             extended, {k: v for k, v in full.items() if k not in gone})
+    # Dynamo's own parameters that the extended policy sets to other values: ``plus_`` is
+    # parity with the extended value, ``minus_`` the extended policy with parity's.
+    for name in sorted(n for n in set(full) & set(base) if full[n] != base[n]):
+        out[f"plus_{name}"] = _with_parameters(parity, {**base, name: full[name]})
+        out[f"minus_{name}"] = _with_parameters(extended, {**full, name: base[name]})
     for label, tried in sorted(LEFT_OFF.items()):
         out[f"plus_{label}"] = _with_parameters(parity, {**base, **tried})
         out[f"with_{label}"] = _with_parameters(extended, {**full, **tried})

@@ -20,3 +20,13 @@ def test_every_ablation_is_a_valid_policy() -> None:
     assert "minus_price_moves" in wanted and "plus_pressure_decay" in wanted
     for stem in wanted:
         load_policy(ABLATION_DIR / f"{stem}.yaml")  # raises PolicyError if invalid
+
+
+def test_a_dynamo_parameter_the_extended_policy_changes_has_both_files() -> None:
+    wanted = ablations()
+    parameters = {stem: wanted[stem]["request_classifier"]["parameters"]
+                  for stem in ("plus_resume_timeout_seconds", "minus_resume_timeout_seconds")}
+    assert parameters["plus_resume_timeout_seconds"]["resume_timeout_seconds"] == 120
+    assert parameters["minus_resume_timeout_seconds"]["resume_timeout_seconds"] == 1800
+    assert "max_wait_seconds" not in parameters["plus_resume_timeout_seconds"]  # parity's rest
+    assert parameters["minus_resume_timeout_seconds"]["max_wait_seconds"] == 60

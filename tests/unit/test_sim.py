@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from dynamo_thunderagent import cli
+from dynamo_thunderagent.bench.ablations import ABLATION_DIR
 from dynamo_thunderagent.bench.sim.arms import (
     UPSTREAM_PARAMETERS,
     ProgramArm,
@@ -32,6 +33,7 @@ from dynamo_thunderagent.bench.sim.simulation import RunConfig, Simulation
 from dynamo_thunderagent.bench.sim.timing import TimingModel
 from dynamo_thunderagent.bench.workload import Background
 from dynamo_thunderagent.capacity import CapacityCard
+from dynamo_thunderagent.config import load_policy_yaml
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY, PARITY_POLICY
 from dynamo_thunderagent.program import Phase, WorkerKey
 from dynamo_thunderagent.scheduler import Scheduler
@@ -356,3 +358,23 @@ def test_background_requests_larger_than_a_worker_are_refused_up_front(prompt_le
                        background=Background(1, pool - prompt_less, 64))
     with pytest.raises(ValueError, match="exceed a worker's KV pool"):
         Simulation(config, StockArm(), scenario.plans(0))
+
+
+def test_the_extended_policy_bounds_every_wait_at_its_resume_timeout(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """aiperf's agentic-code sessions at 2x the KV: the largest programs (up to 75% of a
+    worker) wait for a rank to drain, for minutes with parity's 1800 s timeout; the shipped
+    policy releases a turn once it has waited ``resume_timeout_seconds`` (plus a tick)."""
+    parameters = load_policy_yaml(EXTENDED_POLICY.read_text(encoding="utf-8"))[
+        "request_classifier"]["parameters"]
+    bound = parameters["resume_timeout_seconds"] + parameters["scheduler_interval_seconds"]
+    waits = []
+    for policy in (EXTENDED_POLICY, ABLATION_DIR / "minus_resume_timeout_seconds.yaml"):
+        code = cli.main(["bench", "sim", "--regime", "calibrated", "--workload",
+                         "agentic-code", "--agents", "16", "--arms", "ours", "--window-s",
+                         "1200", "--policy", str(policy), "--json"])
+        assert code == 0
+        (ours,) = json.loads(capsys.readouterr().out)["results"]
+        waits.append(ours["wait_max_s"])
+    shipped, without = waits
+    assert parameters["max_wait_seconds"] < shipped <= bound < without
