@@ -59,6 +59,9 @@ def ablations() -> dict[str, dict[str, Any]]:
     extended = _load(EXTENDED_POLICY)
     base = parity["request_classifier"]["parameters"]
     full = extended["request_classifier"]["parameters"]
+    if dropped := sorted(set(base) - set(full)):
+        raise ValueError(f"{EXTENDED_POLICY} leaves out parity parameters {dropped}: set them "
+                         "there too, so that every ablation starts from the same values")
     out: dict[str, dict[str, Any]] = {}
     for name in sorted(set(full) - set(base)):
         needed = {n: full[n] for n in NEEDS.get(name, ())}

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from dynamo_thunderagent.bench import ablations as ablations_module
 from dynamo_thunderagent.bench.ablations import ABLATION_DIR, ablations, render
 from dynamo_thunderagent.catalog import load_policy
+from dynamo_thunderagent.policy_files import EXTENDED_POLICY
 
 
 def test_the_ablation_files_are_what_the_shipped_policies_make() -> None:
@@ -30,3 +36,14 @@ def test_a_dynamo_parameter_the_extended_policy_changes_has_both_files() -> None
     assert parameters["minus_resume_timeout_seconds"]["resume_timeout_seconds"] == 1800
     assert "max_wait_seconds" not in parameters["plus_resume_timeout_seconds"]  # parity's rest
     assert parameters["minus_resume_timeout_seconds"]["max_wait_seconds"] == 60
+
+
+def test_an_extended_policy_without_a_parity_parameter_is_refused_by_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = EXTENDED_POLICY.read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if "session_retention_seconds" not in line]
+    short = tmp_path / "extended.yaml"
+    short.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.setattr(ablations_module, "EXTENDED_POLICY", short)
+    with pytest.raises(ValueError, match=r"leaves out parity parameters \['session_retention"):
+        ablations()

@@ -362,9 +362,10 @@ def test_background_requests_larger_than_a_worker_are_refused_up_front(prompt_le
 
 def test_the_extended_policy_bounds_every_wait_at_its_resume_timeout(
         capsys: pytest.CaptureFixture[str]) -> None:
-    """aiperf's agentic-code sessions at 2x the KV: the largest programs (up to 75% of a
-    worker) wait for a rank to drain, for minutes with parity's 1800 s timeout; the shipped
-    policy releases a turn once it has waited ``resume_timeout_seconds`` (plus a tick)."""
+    """The agentic-code shape (aiperf's distributions), 16 agents, about 3.5x the KV: the
+    largest programs (up to 75% of a worker) wait for a rank to drain, for minutes with
+    parity's 1800 s timeout; the shipped policy releases a turn once it has waited
+    ``resume_timeout_seconds`` (plus a tick)."""
     parameters = load_policy_yaml(EXTENDED_POLICY.read_text(encoding="utf-8"))[
         "request_classifier"]["parameters"]
     bound = parameters["resume_timeout_seconds"] + parameters["scheduler_interval_seconds"]
