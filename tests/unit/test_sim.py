@@ -33,7 +33,8 @@ from dynamo_thunderagent.bench.sim.simulation import RunConfig, Simulation
 from dynamo_thunderagent.bench.sim.timing import TimingModel
 from dynamo_thunderagent.bench.workload import Background
 from dynamo_thunderagent.capacity import CapacityCard
-from dynamo_thunderagent.config import load_policy_yaml
+from dynamo_thunderagent.catalog import load_policy
+from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY, PARITY_POLICY
 from dynamo_thunderagent.program import Phase, WorkerKey
 from dynamo_thunderagent.scheduler import Scheduler
@@ -366,9 +367,11 @@ def test_the_extended_policy_bounds_every_wait_at_its_resume_timeout(
     largest programs (up to 75% of a worker) wait for a rank to drain, for minutes with
     parity's 1800 s timeout; the shipped policy releases a turn once it has waited
     ``resume_timeout_seconds`` (plus a tick)."""
-    parameters = load_policy_yaml(EXTENDED_POLICY.read_text(encoding="utf-8"))[
-        "request_classifier"]["parameters"]
-    bound = parameters["resume_timeout_seconds"] + parameters["scheduler_interval_seconds"]
+    classifier = load_policy(EXTENDED_POLICY).classifier
+    assert classifier is not None
+    parameters = classifier.parameters
+    assert isinstance(parameters, ThunderAgentParameters)
+    bound = parameters.resume_timeout_seconds + parameters.scheduler_interval_seconds
     waits = []
     for policy in (EXTENDED_POLICY, ABLATION_DIR / "minus_resume_timeout_seconds.yaml"):
         code = cli.main(["bench", "sim", "--regime", "calibrated", "--workload",
@@ -378,4 +381,5 @@ def test_the_extended_policy_bounds_every_wait_at_its_resume_timeout(
         (ours,) = json.loads(capsys.readouterr().out)["results"]
         waits.append(ours["wait_max_s"])
     shipped, without = waits
-    assert parameters["max_wait_seconds"] < shipped <= bound < without
+    assert parameters.max_wait_seconds is not None
+    assert parameters.max_wait_seconds < shipped <= bound < without
