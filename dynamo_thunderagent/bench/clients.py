@@ -54,6 +54,7 @@ from dynamo_thunderagent.bench.agentic_code import (
     synthesize,
     tokenizer_cache,
 )
+from dynamo_thunderagent.bench.live import POLICY_CLOCKS
 from dynamo_thunderagent.bench.output import publish
 from dynamo_thunderagent.dynamo.translate import SESSION_HEADER
 from dynamo_thunderagent.stack.arms import ARM_NAMES, BASELINE_ARM, HEADLINE_ARMS, arm_named
@@ -427,6 +428,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="runs of each (workload, concurrency, arm), arms rotated")
     parser.add_argument("--policy", type=Path, default=None,
                         help="router-policy YAML for arm ours (default: the extended policy)")
+    parser.add_argument("--policy-clock", choices=POLICY_CLOCKS, default="regime",
+                        help="agentic-code: the routers' durations on the regime's clock "
+                             "(regime, default) or as written (wall); see bench live")
     parser.add_argument("--aiperf", default=None, help="aiperf executable (default: "
                         ".venv-aiperf/bin/aiperf, $DTA_AIPERF, or PATH)")
     parser.add_argument("--timeout", type=float, default=300.0,
@@ -446,10 +450,12 @@ def _choices(text: str, allowed: tuple[str, ...] | list[str], what: str) -> list
 
 
 def prepare_agentic_code(workload: AgenticCodeWorkload, out: Path, aiperf: str,
-                         seed: int = 42) -> tuple[AgenticCodeWorkload, StackRegime]:
+                         seed: int = 42, policy_clock: str = "regime",
+                         ) -> tuple[AgenticCodeWorkload, StackRegime]:
     """Size the workload's regime, synthesize its trace at the regime's scales and make the
     tokenizer's hub cache, once for every arm; the workload with both set, and the regime."""
-    regime = prepare_stack_regime(workload.regime, (out / "regime").resolve())
+    regime = prepare_stack_regime(workload.regime, (out / "regime").resolve(),
+                                  policy_clock=policy_clock)
     config = scaled_config(regime.token_scale, regime.time_scale, workload.block_size,
                            regime.num_gpu_blocks * regime.block_size)
     trace = synthesize(aiperf, config, (out / "trace").resolve(), sessions=workload.sessions,
@@ -488,7 +494,7 @@ def run_clients_cli(args: argparse.Namespace) -> int:
         if isinstance(workload, AgenticCodeWorkload):
             try:
                 workloads[index], regimes[workload.name] = prepare_agentic_code(
-                    workload, out, aiperf)
+                    workload, out, aiperf, policy_clock=args.policy_clock)
             except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as error:
                 print(f"error: {workload.name}: {error}", file=sys.stderr)
                 return 2

@@ -148,7 +148,7 @@ from dynamo_thunderagent.bench.runner import (
 )
 from dynamo_thunderagent.bench.shapes import SHAPES, shape_token_factor
 from dynamo_thunderagent.bench.workload import Background
-from dynamo_thunderagent.policy_files import policy_with_host_tier
+from dynamo_thunderagent.policy_files import policy_on_clock, policy_with_host_tier
 
 # ============================================================================================
 # Progress
@@ -205,6 +205,10 @@ class ProgressView:
 # ============================================================================================
 
 
+# How the routers' durations meet the regime's clock (LiveConfig.policy_clock).
+POLICY_CLOCKS = ("regime", "wall")
+
+
 @dataclass
 class LiveConfig:
     """Everything a sweep depends on (written into the report)."""
@@ -231,6 +235,9 @@ class LiveConfig:
     plots: bool = True
     quick: bool = False
     background: Background | None = None  # sessionless requests beside the agents
+    # "regime": the routers' durations (policy seconds) run on the regime's clock, like the
+    # agents' tools and the engine; "wall": as the files write them.
+    policy_clock: str = "regime"
 
     def plan(self, regime: str) -> tuple[RegimeSetup, SweepPlan]:
         """The regime's setup and its sweep (capacity fixed for the largest N)."""
@@ -298,16 +305,32 @@ class PreparedRegime:
     mocker_args: list[str]
     host_blocks: int = 0  # host KV tier per worker (0: none)
     work_dir: Path | None = None  # where derived files (told policies) go
+    # The clock the routers' durations run on, in wall seconds per real second: the regime's
+    # time scale (--policy-clock regime), or 1 (wall: the files' seconds as written).
+    policy_clock: float = 1.0
 
     def policy_for(self, arm: ArmSpec) -> Path | None:
-        """The policy file ``arm`` runs with in this regime (told of its host tier)."""
+        """The policy file ``arm`` runs with in this regime: told of its host tier, and its
+        durations on the regime's clock (``policy_clock``); ``arm.policy`` when neither
+        applies (None: the arm's own default)."""
         policy = arm.policy or arm.arm.default_policy
-        if policy is None or not (self.host_blocks and arm.arm.configures_host_tier):
+        tier = bool(self.host_blocks and arm.arm.configures_host_tier)
+        clock = self.policy_clock != 1 and arm.arm.takes_policy
+        if policy is None or not (tier or clock):
             return arm.policy
         if self.work_dir is None:
-            raise ValueError("a regime with a host tier needs a work_dir for the policies it "
-                             "derives (prepare_regime gives one)")
-        return policy_with_host_tier(policy, self.host_blocks, self.work_dir)
+            raise ValueError("a regime with a host tier or a policy clock needs a work_dir for "
+                             "the policies it derives (prepare_regime gives one)")
+        if tier:
+            policy = policy_with_host_tier(policy, self.host_blocks, self.work_dir)
+        if clock:
+            policy = policy_on_clock(policy, self.policy_clock, self.work_dir)
+        return policy
+
+    def router_args_for(self, arm: ArmSpec) -> list[str]:
+        """Flags for the router of ``arm`` that put its built-in durations on the regime's
+        clock (the arms configured by flags rather than a policy file)."""
+        return arm.arm.clock_args(self.policy_clock) if self.policy_clock != 1 else []
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -315,6 +338,7 @@ class PreparedRegime:
             "sweep": self.sweep.describe(),
             "mocker_args": self.mocker_args,
             "host_blocks_per_worker": self.host_blocks,
+            "policy_clock": self.policy_clock,
             "real_capacity_tokens": round(self.sweep.capacity_tokens / self.setup.token_scale),
         }
 
@@ -330,7 +354,9 @@ def prepare_regime(config: LiveConfig, regime: str, work_dir: Path) -> PreparedR
     )  # fmt: skip
     tier = spec.host_tier
     host_blocks = tier.host_blocks(sweep.num_gpu_blocks) if tier is not None else 0
-    return PreparedRegime(setup, sweep, mocker_args, host_blocks, work_dir / f"policies-{regime}")
+    clock = setup.time_scale if config.policy_clock == "regime" else 1.0
+    return PreparedRegime(setup, sweep, mocker_args, host_blocks, work_dir / f"policies-{regime}",
+                          policy_clock=clock)
 
 
 def machine_info() -> dict[str, Any]:
@@ -460,6 +486,7 @@ def _one_run(
         block_size=config.block_size,
         speedup_ratio=setup.speedup_ratio,
         policy=prepared.policy_for(arm),
+        router_args=prepared.router_args_for(arm),
         mocker_args=prepared.mocker_args,
         extra_env=arm.arm.observed_env(),
         job=f"live-{setup.regime}-{config.seed}",
@@ -519,6 +546,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--trace", type=Path, default=None, help="trace JSONL for --workload trace")
     a("--token-scale", type=float, default=None, help="override the regime's token scale")
     a("--time-scale", type=float, default=None, help="override the regime's time scale")
+    a("--policy-clock", choices=POLICY_CLOCKS, default="regime",
+      help="regime (default): the routers' durations (policy seconds, the Python port's "
+      "timing flags) are scaled by the time scale, like tools and engine; wall: as written")
     a("--out", type=Path, default=None, help="output folder (default bench-results/<UTC time>/)")
     a("--no-plots", action="store_true", help="skip the PNG plots")
     a("--dry-run", action="store_true", help="print the sizing and schedule, run nothing")
@@ -576,6 +606,7 @@ def config_from_args(args: argparse.Namespace) -> LiveConfig:
         trace=args.trace, token_scale=args.token_scale, time_scale=args.time_scale,
         out_dir=args.out or default_out_dir(), plots=not args.no_plots, quick=quick,
         background=Background.parse(args.background) if args.background else None,
+        policy_clock=args.policy_clock,
     )  # fmt: skip
     for regime in config.regimes:
         config.setup(regime)  # validates the regime's setup

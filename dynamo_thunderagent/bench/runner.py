@@ -94,6 +94,7 @@ class RunSpec:
     block_size: int = 16
     speedup_ratio: float = 1.0
     policy: Path | None = None  # router-policy YAML (arms that take one; ignored by others)
+    router_args: list[str] = field(default_factory=list)  # extra flags for its router
     mocker_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
     job: str = "job"
@@ -141,6 +142,7 @@ def run_stack(
             block_size=spec.block_size,
             speedup_ratio=spec.speedup_ratio,
             policy=spec.policy if takes_policy else None,
+            router_args=list(spec.router_args),
             mocker_args=list(spec.mocker_args),
             extra_env=dict(spec.extra_env),
             keep_run_dir=False,

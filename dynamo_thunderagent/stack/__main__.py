@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from dynamo_thunderagent.bench.live import POLICY_CLOCKS
 from dynamo_thunderagent.bench.regimes import REGIME_NAMES
 from dynamo_thunderagent.stack.arms import ARM_NAMES, BASELINE_ARM
 from dynamo_thunderagent.stack.discovery import DEFAULT_DISCOVERY, DISCOVERY_BACKENDS
@@ -52,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a benchmark regime: the KV pool, mocker clock and timing tables `bench live "
         "--regime` uses (default: none, the mocker's built-in timing at --speedup-ratio "
         f"{DEFAULT_SPEEDUP_RATIO:g} on {DEFAULT_BLOCKS} blocks a worker)",
+    )
+    parser.add_argument(
+        "--policy-clock", choices=POLICY_CLOCKS, default="regime",
+        help="with --regime: regime (default) scales the routers' durations (policy seconds, "
+        "the Python port's timing flags) by the regime's time scale, like the mocker; wall: "
+        "as written",
     )
     parser.add_argument(
         "--workers", type=int, default=2, help="mocker worker processes (default: 2)"
@@ -123,7 +130,7 @@ def regime_from_args(args: argparse.Namespace, config: StackConfig) -> StackRegi
         config.run_dir = Path(tempfile.mkdtemp(prefix="dta-stack-"))
     regime = prepare_stack_regime(
         name, config.run_dir.resolve(), workers=config.num_workers,
-        block_size=config.block_size, blocks=args.blocks,
+        block_size=config.block_size, blocks=args.blocks, policy_clock=args.policy_clock,
     )  # fmt: skip
     regime.apply(config)
     return regime

@@ -137,6 +137,11 @@ class Arm(ABC):
     def prepare(self, ctx: LaunchContext) -> None:
         """Write the files its processes read (called once the run dir exists)."""
 
+    def clock_args(self, time_scale: float) -> list[str]:
+        """Router flags that put its built-in durations on a clock of ``time_scale`` wall
+        seconds per real second; none for an arm whose durations are in a policy file."""
+        return []
+
     @abstractmethod
     def frontend_args(self, ctx: LaunchContext) -> list[str]:
         """The frontend's routing flags."""
@@ -232,6 +237,15 @@ class _RouterComponentArm(Arm):
         return ["--router-mode", "round-robin", "--namespace", ctx.topology.namespace]
 
 
+# The Python port's durations: its defaults (dynamo/thunderagent_router), which are the parity
+# policy's values. Its router takes them as flags, not from a policy file.
+PYTHON_PORT_SECONDS = {
+    "--resume-timeout-seconds": 1800.0,
+    "--scheduler-interval-seconds": 5.0,
+    "--acting-decay-tau-seconds": 1.0,
+}
+
+
 class DynamoPythonArm(_RouterComponentArm):
     """Dynamo's experimental Python ThunderAgent router component."""
 
@@ -252,6 +266,10 @@ class DynamoPythonArm(_RouterComponentArm):
             *ctx.router_args,
         ]  # fmt: skip
         return RouterLaunch(argv, env)
+
+    def clock_args(self, time_scale: float) -> list[str]:
+        return [arg for flag, seconds in PYTHON_PORT_SECONDS.items()
+                for arg in (flag, f"{seconds * time_scale:g}")]
 
     def figures(self, run: ObservedRun) -> dict[str, Any]:
         parsed = parse_python_router_log(run.log("router"))

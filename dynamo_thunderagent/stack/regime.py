@@ -80,15 +80,16 @@ class StackRegime:
         return 0 if tier is None else tier.host_blocks(self.num_gpu_blocks)
 
     def apply(self, config: StackConfig) -> None:
-        """Set ``config``'s pool, clock and mocker flags to the regime's (in place); an arm
-        whose policy can say how large a host KV tier is gets a policy that says it, as
-        ``bench live`` gives it (unless its own policy file sets ``host_kv_blocks``)."""
+        """Set ``config``'s pool, clock and mocker flags to the regime's (in place), and its
+        policy and router flags as ``bench live`` derives them (``PreparedRegime.policy_for``
+        and ``router_args_for``): told of a host tier where its policy can say how large one
+        is, and with its durations on the regime's clock unless ``--policy-clock wall``."""
         config.num_gpu_blocks = self.num_gpu_blocks
         config.speedup_ratio = self.speedup_ratio
         config.mocker_args = [*config.mocker_args, *self.mocker_args]
-        if self.host_blocks:
-            config.policy = self.prepared.policy_for(ArmSpec(config.arm, config.arm,
-                                                             config.policy))  # fmt: skip
+        arm = ArmSpec(config.arm, config.arm, config.policy)
+        config.policy = self.prepared.policy_for(arm)
+        config.router_args = [*config.router_args, *self.prepared.router_args_for(arm)]
 
     def describe(self) -> dict[str, Any]:
         """The sizing as plain data (the JSON summary the stack prints once it is up)."""
@@ -114,10 +115,11 @@ class StackRegime:
 
 def prepare_stack_regime(
     name: str, work_dir: Path, *, workers: int = 2, block_size: int = 16,
-    blocks: int | None = None,
+    blocks: int | None = None, policy_clock: str = "regime",
 ) -> StackRegime:  # fmt: skip
     """Size regime ``name`` as ``bench live`` does and write its mocker profile under
-    ``work_dir``; ``blocks`` overrides the blocks per worker.
+    ``work_dir``; ``blocks`` overrides the blocks per worker; ``policy_clock`` as
+    ``bench live --policy-clock``.
 
     Raises ValueError naming the choices for an unknown regime, or what else is wrong.
     """
@@ -126,7 +128,7 @@ def prepare_stack_regime(
         raise ValueError("workers, block size and blocks must be >= 1")
     config = LiveConfig(
         regimes=(name,), workers=workers, block_size=block_size, num_gpu_blocks=blocks,
-        out_dir=work_dir,
+        out_dir=work_dir, policy_clock=policy_clock,
     )  # fmt: skip
     prepared = prepare_regime(config, name, work_dir)
     return StackRegime(regime, prepared, workers, block_size, blocks_given=blocks is not None)
@@ -209,6 +211,13 @@ def banner(
                 f"  durations are scaled by {regime.time_scale:g} (the mocker runs "
                 f"{1 / regime.time_scale:g}x as fast as the GPU): a real 1 s tool call is "
                 f"{regime.time_scale:g} s here"
+            )
+        clock = regime.prepared.policy_clock
+        if clock != 1:
+            lines.append(
+                f"  so are the routers' durations (policy seconds, the Python port's timing "
+                f"flags): a 60 s wait in a policy file is {60 * clock:g} s here "
+                "(--policy-clock wall: as written)"
             )
         overhead = setup.client_overhead_s
         if overhead:

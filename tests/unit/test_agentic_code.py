@@ -166,8 +166,8 @@ def test_the_hit_rate_is_cached_over_prompt_tokens_from_the_frontend_counters() 
 
 def _cli_args(out: Path) -> argparse.Namespace:
     return argparse.Namespace(arms="stock,ours", workloads="one-turn,agentic-code",
-                              concurrency="2", repeats=1, policy=None, aiperf=None,
-                              timeout=10.0, out=out, json=False)
+                              concurrency="2", repeats=1, policy=None, policy_clock="regime",
+                              aiperf=None, timeout=10.0, out=out, json=False)
 
 
 def test_a_trace_that_cannot_be_made_stops_the_command_before_any_run(
@@ -177,7 +177,7 @@ def test_a_trace_that_cannot_be_made_stops_the_command_before_any_run(
     ran: list[str] = []
     monkeypatch.setattr(clients, "find_aiperf", lambda explicit=None: "aiperf")
 
-    def refuse(workload: AgenticCodeWorkload, out: Path, aiperf: str) -> None:
+    def refuse(workload: AgenticCodeWorkload, out: Path, aiperf: str, **_: object) -> None:
         raise RuntimeError("aiperf synthesize agentic-code failed (rc=3): bad config")
 
     monkeypatch.setattr(clients, "prepare_agentic_code", refuse)
@@ -193,7 +193,7 @@ def test_the_report_names_the_trace_each_agentic_code_run_replayed(
     trace = tmp_path / "trace" / "dataset.jsonl"
     seen: list[tuple[str, Path | None]] = []
     monkeypatch.setattr(clients, "find_aiperf", lambda explicit=None: "aiperf")
-    monkeypatch.setattr(clients, "prepare_agentic_code", lambda w, out, aiperf: (
+    monkeypatch.setattr(clients, "prepare_agentic_code", lambda w, out, aiperf, **_: (
         dataclasses.replace(w, trace=trace, hub_cache=tmp_path / "cache"), None))
 
     def run_one(arm: str, workload: Any, level: int, repeat: int, out: Path,

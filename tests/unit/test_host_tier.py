@@ -146,7 +146,8 @@ def test_a_benchmark_hands_ours_a_policy_told_of_the_tier_and_leaves_others_alon
 
     from .test_live import _args  # the CLI's own parsing, as a user runs it
 
-    config = live.config_from_args(_args("--regime", "tiered", "--workload", "toy"))
+    config = live.config_from_args(_args("--regime", "tiered", "--workload", "toy",
+                                         "--policy-clock", "wall"))  # the tier alone
     tiered = prepare_regime(config, "tiered", tmp_path)
     assert tiered.host_blocks > 0
     assert f"{tiered.host_blocks}" in tiered.mocker_args
@@ -170,7 +171,8 @@ def test_a_tiered_regime_without_a_work_dir_refuses_to_derive_a_policy(tmp_path:
 
     from .test_live import _args
 
-    config = live.config_from_args(_args("--regime", "tiered", "--workload", "toy"))
+    config = live.config_from_args(_args("--regime", "tiered", "--workload", "toy",
+                                         "--policy-clock", "wall"))  # the tier alone
     tiered = dataclasses.replace(prepare_regime(config, "tiered", tmp_path), work_dir=None)
     with pytest.raises(ValueError, match="needs a work_dir"):
         tiered.policy_for(ArmSpec("ours", "ours"))

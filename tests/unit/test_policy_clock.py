@@ -1,0 +1,127 @@
+"""The routers' durations on a benchmark's clock (``--policy-clock``).
+
+A regime whose ``time_scale`` is below 1 runs the agents' tools and the engine that much
+faster than production; a policy's seconds must run as fast, or every wait, tick and bound in
+the file is ``1 / time_scale`` times longer against the agents' turns than it would be in
+production."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dynamo_thunderagent.bench import live
+from dynamo_thunderagent.bench.live import prepare_regime
+from dynamo_thunderagent.bench.live_sweep import ArmSpec
+from dynamo_thunderagent.catalog import default_catalog, load_policy
+from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.policy_files import (
+    EXTENDED_POLICY,
+    PARITY_POLICY,
+    PARITY_SECONDS,
+    policy_on_clock,
+    seconds_on_clock,
+)
+from dynamo_thunderagent.stack.arms import PYTHON_PORT_SECONDS, arm_named
+
+from .test_live import _args  # the CLI's own parsing, as a user runs it
+
+
+def _params(path: Path) -> ThunderAgentParameters:
+    resolved = load_policy(path, default_catalog())
+    assert resolved.classifier is not None
+    params = resolved.classifier.parameters
+    assert isinstance(params, ThunderAgentParameters)
+    return params
+
+
+def test_every_duration_is_scaled_and_nothing_else() -> None:
+    given = {"max_wait_seconds": 60, "min_residency_seconds": 5, "pause_threshold": 0.95,
+             "idle_horizon_factor": 3, "resume_timeout_seconds": 120}
+    scaled = seconds_on_clock(given, 0.25)
+    assert scaled["max_wait_seconds"] == 15 and scaled["min_residency_seconds"] == 1.25
+    assert scaled["resume_timeout_seconds"] == 30
+    assert scaled["pause_threshold"] == 0.95 and scaled["idle_horizon_factor"] == 3
+    # Dynamo's timing parameters left at their defaults are written, scaled.
+    defaults = ThunderAgentParameters()
+    assert scaled["scheduler_interval_seconds"] == defaults.scheduler_interval_seconds * 0.25
+    assert scaled["session_retention_seconds"] == defaults.session_retention_seconds * 0.25
+    assert given["max_wait_seconds"] == 60  # pure: the caller's mapping is unchanged
+
+
+def test_bad_scales_and_durations_are_refused_by_name() -> None:
+    for scale in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="time scale must be a positive number"):
+            seconds_on_clock({}, scale)
+    with pytest.raises(ValueError, match="max_wait_seconds must be a number of seconds"):
+        seconds_on_clock({"max_wait_seconds": "a minute"}, 0.25)
+
+
+def test_a_scaled_file_loads_with_its_durations_scaled(tmp_path: Path) -> None:
+    told = policy_on_clock(EXTENDED_POLICY, 0.25, tmp_path)
+    assert told != EXTENDED_POLICY and told.parent == tmp_path
+    shipped, scaled = _params(EXTENDED_POLICY), _params(told)
+    assert scaled.max_wait_seconds == shipped.max_wait_seconds * 0.25  # type: ignore[operator]
+    assert scaled.resume_timeout_seconds == shipped.resume_timeout_seconds * 0.25
+    assert scaled.scheduler_interval_seconds == shipped.scheduler_interval_seconds * 0.25
+    assert scaled.pause_threshold == shipped.pause_threshold
+    assert scaled.placement == shipped.placement  # the rest of the file as written
+    assert policy_on_clock(EXTENDED_POLICY, 1.0, tmp_path) == EXTENDED_POLICY
+
+
+def test_the_parity_file_stays_within_dynamos_parameters(tmp_path: Path) -> None:
+    # Dynamo's builtin plugin rejects parameters it does not know: the copy adds none.
+    told = policy_on_clock(PARITY_POLICY, 0.25, tmp_path)
+    original = yaml.safe_load(PARITY_POLICY.read_text())["request_classifier"]["parameters"]
+    copy = yaml.safe_load(told.read_text())["request_classifier"]["parameters"]
+    assert set(copy) == set(original) | set(PARITY_SECONDS)
+    assert copy["resume_timeout_seconds"] == original["resume_timeout_seconds"] * 0.25
+
+
+def test_a_file_without_our_classifier_is_left_alone(tmp_path: Path) -> None:
+    other = tmp_path / "other.yaml"
+    other.write_text("worker_selection:\n  instances: []\n")
+    assert policy_on_clock(other, 0.25, tmp_path / "out") == other
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_duration_in_the_file_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("request_classifier:\n  type: thunderagent\n"
+                   "  parameters:\n    max_wait_seconds: soon\n")  # fmt: skip
+    with pytest.raises(ValueError, match=r"bad\.yaml: max_wait_seconds must be a number"):
+        policy_on_clock(bad, 0.25, tmp_path / "out")
+
+
+def test_the_calibrated_regime_runs_every_router_on_its_clock(tmp_path: Path) -> None:
+    config = live.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
+    prepared = prepare_regime(config, "calibrated", tmp_path)
+    clock = prepared.setup.time_scale
+    assert clock == 0.25 and prepared.policy_clock == clock
+    ours = prepared.policy_for(ArmSpec("ours", "ours"))
+    assert ours is not None
+    assert _params(ours).max_wait_seconds == _params(EXTENDED_POLICY).max_wait_seconds * clock  # type: ignore[operator]
+    builtin = prepared.policy_for(ArmSpec("builtin", "builtin"))
+    assert builtin is not None and builtin != PARITY_POLICY
+    assert _params(builtin).scheduler_interval_seconds == 5 * clock
+    assert prepared.policy_for(ArmSpec("stock", "stock")) is None  # no policy to scale
+    port = prepared.router_args_for(ArmSpec("dynamo-python", "dynamo-python"))
+    assert port == [arg for flag, seconds in PYTHON_PORT_SECONDS.items()
+                    for arg in (flag, f"{seconds * clock:g}")]
+    assert "--scheduler-interval-seconds" in port and port[port.index(
+        "--scheduler-interval-seconds") + 1] == "1.25"
+    assert prepared.router_args_for(ArmSpec("ours", "ours")) == []  # its file says it
+    assert arm_named("stock").clock_args(clock) == []
+
+
+def test_wall_clock_and_an_unscaled_regime_run_the_files_as_written(tmp_path: Path) -> None:
+    config = live.config_from_args(_args("--regime", "calibrated", "--policy-clock", "wall",
+                                         "--out", str(tmp_path)))
+    wall = prepare_regime(config, "calibrated", tmp_path)
+    assert wall.policy_clock == 1.0 and wall.policy_for(ArmSpec("ours", "ours")) is None
+    assert wall.router_args_for(ArmSpec("dynamo-python", "dynamo-python")) == []
+    config = live.config_from_args(_args("--regime", "cheap-recompute", "--out", str(tmp_path)))
+    cheap = prepare_regime(config, "cheap-recompute", tmp_path)
+    assert cheap.setup.time_scale == 1 and cheap.policy_for(ArmSpec("ours", "ours")) is None
