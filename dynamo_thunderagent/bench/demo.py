@@ -155,7 +155,9 @@ def run_arm(
         agents=agents, window_s=config.window_s, warmup_s=config.warmup_s,
         drain_s=config.drain_s, request_timeout_s=config.request_timeout_s,
         num_workers=config.workers, num_gpu_blocks=sweep.num_gpu_blocks,
-        block_size=config.block_size, speedup_ratio=setup.speedup_ratio, policy=arm.policy,
+        block_size=config.block_size, speedup_ratio=setup.speedup_ratio,
+        # As bench live runs the arm: durations on the regime's clock, told of a host tier.
+        policy=prepared.policy_for(arm), router_args=prepared.router_args_for(arm),
         mocker_args=prepared.mocker_args, extra_env=arm.arm.observed_env(),
         job=f"demo-{setup.regime}-{config.seed}",
     )  # fmt: skip

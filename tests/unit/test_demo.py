@@ -220,3 +220,33 @@ def test_no_common_agent_run_leaves_the_paired_figures_empty() -> None:
     paired = paired_agent_runs({"stock": {"a": 1.0}, "ours": {"b": 2.0}})
     assert paired["ours"] == {"agent_runs_paired": 0, "agent_run_paired_mean_s": None,
                               "agent_run_paired_p90_s": None}  # fmt: skip
+
+
+def test_the_demo_runs_ours_as_bench_live_does_on_the_regimes_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dynamo_thunderagent.bench.live import prepare_regime
+    from dynamo_thunderagent.bench.runner import RunSpec
+    from dynamo_thunderagent.catalog import default_catalog, load_policy
+    from dynamo_thunderagent.config import ThunderAgentParameters
+
+    config = config_from_args(_args("--out", str(tmp_path)))
+    prepared = prepare_regime(config.live_config(), config.regime, tmp_path)
+    specs: list[RunSpec] = []
+
+    class Seen(Exception):
+        pass
+
+    def fake_run_stack(spec: RunSpec, say: object, observer: object) -> object:
+        specs.append(spec)
+        raise Seen  # the spec is all this test needs: no stack starts
+
+    monkeypatch.setattr(demo_module, "run_stack", fake_run_stack)
+    ours = next(a for a in config.arms if a.label == "ours")
+    with pytest.raises(Seen):
+        demo_module.run_arm(ours, 1, prepared, config, lambda line: None)
+    assert specs and specs[0].policy == prepared.policy_for(ours)
+    resolved = load_policy(specs[0].policy, default_catalog())  # type: ignore[arg-type]
+    params = resolved.classifier.parameters  # type: ignore[union-attr]
+    assert isinstance(params, ThunderAgentParameters)
+    assert params.scheduler_interval_seconds == 5 * prepared.setup.time_scale
