@@ -157,3 +157,25 @@ def test_in_the_tiered_regime_arm_ours_runs_a_policy_told_of_the_tier(tmp_path: 
     stock_config = config_from_args(stock)
     regime_from_args(stock, stock_config)
     assert stock_config.policy is None  # the frontend's router takes no policy
+
+
+def test_a_regime_stack_runs_the_routers_durations_on_its_clock(tmp_path: Path) -> None:
+    args = _args("--regime", "calibrated", "--arm", "ours", "--run-dir", str(tmp_path / "a"))
+    config = config_from_args(args)
+    regime = regime_from_args(args, config)
+    assert regime is not None and config.policy is not None
+    assert config.policy.name == "thunderagent-extended-clock0.25.yaml"
+    assert "a 60 s wait in a policy file is 15 s here" in banner(
+        regime, config, URL, tmp_path / "model")
+    args = _args("--regime", "calibrated", "--arm", "dynamo-python", "--run-dir",
+                 str(tmp_path / "b"))
+    config = config_from_args(args)
+    assert regime_from_args(args, config) is not None
+    flags = config.router_args
+    assert flags[flags.index("--scheduler-interval-seconds") + 1] == "1.25"
+    args = _args("--regime", "calibrated", "--arm", "ours", "--policy-clock", "wall",
+                 "--run-dir", str(tmp_path / "c"))
+    config = config_from_args(args)
+    regime = regime_from_args(args, config)
+    assert regime is not None and config.policy is None and config.router_args == []
+    assert "policy file is" not in banner(regime, config, URL, tmp_path / "model")
