@@ -54,9 +54,10 @@ from dynamo_thunderagent.bench.agentic_code import (
     synthesize,
     tokenizer_cache,
 )
-from dynamo_thunderagent.bench.live import POLICY_CLOCKS
+from dynamo_thunderagent.bench.live import code_version
 from dynamo_thunderagent.bench.output import publish
 from dynamo_thunderagent.dynamo.translate import SESSION_HEADER
+from dynamo_thunderagent.policy_files import POLICY_CLOCKS
 from dynamo_thunderagent.stack.arms import ARM_NAMES, BASELINE_ARM, HEADLINE_ARMS, arm_named
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
 from dynamo_thunderagent.stack.regime import StackRegime, prepare_stack_regime
@@ -495,6 +496,9 @@ def run_clients_cli(args: argparse.Namespace) -> int:
             try:
                 workloads[index], regimes[workload.name] = prepare_agentic_code(
                     workload, out, aiperf, policy_clock=args.policy_clock)
+                for arm in arms:  # a policy that cannot be derived stops us before any run
+                    regimes[workload.name].apply(StackConfig(
+                        arm=arm, policy=args.policy if arm_named(arm).takes_policy else None))
             except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as error:
                 print(f"error: {workload.name}: {error}", file=sys.stderr)
                 return 2
@@ -521,6 +525,9 @@ def run_clients_cli(args: argparse.Namespace) -> int:
         "aiperf": aiperf,
         "workloads": {w.name: {k: str(v) if isinstance(v, Path) else v
                                for k, v in asdict(w).items()} for w in workloads},
+        # The clock the routers' durations ran on, per workload run on a regime.
+        "policy_clock": {name: regime.prepared.policy_clock for name, regime in regimes.items()},
+        "code": code_version(),
         "rows": rows,
         "runs": [asdict(r) for r in runs],
     }

@@ -148,7 +148,7 @@ from dynamo_thunderagent.bench.runner import (
 )
 from dynamo_thunderagent.bench.shapes import SHAPES, shape_token_factor
 from dynamo_thunderagent.bench.workload import Background
-from dynamo_thunderagent.policy_files import policy_on_clock, policy_with_host_tier
+from dynamo_thunderagent.policy_files import POLICY_CLOCKS, policy_on_clock, policy_with_host_tier
 
 # ============================================================================================
 # Progress
@@ -203,10 +203,6 @@ class ProgressView:
 # ============================================================================================
 # Configuration and the run
 # ============================================================================================
-
-
-# How the routers' durations meet the regime's clock (LiveConfig.policy_clock).
-POLICY_CLOCKS = ("regime", "wall")
 
 
 @dataclass
@@ -321,10 +317,11 @@ class PreparedRegime:
         if self.work_dir is None:
             raise ValueError("a regime with a host tier or a policy clock needs a work_dir for "
                              "the policies it derives (prepare_regime gives one)")
+        out = self.work_dir / arm.label  # one folder per arm: copies of equal names collide
         if tier:
-            policy = policy_with_host_tier(policy, self.host_blocks, self.work_dir)
+            policy = policy_with_host_tier(policy, self.host_blocks, out)
         if clock:
-            policy = policy_on_clock(policy, self.policy_clock, self.work_dir)
+            policy = policy_on_clock(policy, self.policy_clock, out)
         return policy
 
     def router_args_for(self, arm: ArmSpec) -> list[str]:
@@ -354,6 +351,9 @@ def prepare_regime(config: LiveConfig, regime: str, work_dir: Path) -> PreparedR
     )  # fmt: skip
     tier = spec.host_tier
     host_blocks = tier.host_blocks(sweep.num_gpu_blocks) if tier is not None else 0
+    if config.policy_clock not in POLICY_CLOCKS:
+        raise ValueError(f"policy clock must be one of {', '.join(POLICY_CLOCKS)}, got "
+                         f"{config.policy_clock!r}")
     clock = setup.time_scale if config.policy_clock == "regime" else 1.0
     return PreparedRegime(setup, sweep, mocker_args, host_blocks, work_dir / f"policies-{regime}",
                           policy_clock=clock)
@@ -391,16 +391,30 @@ def code_version() -> str | None:
     return None
 
 
+def prepare_all(config: LiveConfig) -> dict[str, PreparedRegime]:
+    """Every regime prepared and every arm's policy derived before any run, so that a policy
+    that cannot be read or put on the regime's clock stops the command (ValueError naming
+    the file) before it spends a run."""
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    prepared = {r: prepare_regime(config, r, config.out_dir) for r in config.regimes}
+    for regime in prepared.values():
+        for arm in config.arms:
+            regime.policy_for(arm)
+    return prepared
+
+
 def run_live(config: LiveConfig, *, as_json: bool, out: TextIO = sys.stdout,
-             err: TextIO = sys.stderr) -> int:  # fmt: skip
-    """Run the sweep, write the outputs, print the table (or the JSON report).
+             err: TextIO = sys.stderr,
+             prepared: dict[str, PreparedRegime] | None = None) -> int:  # fmt: skip
+    """Run the sweep, write the outputs, print the table (or the JSON report); ``prepared``:
+    :func:`prepare_all`'s (made here when not given).
 
     Returns 0 when every run finished with zero errors, 1 otherwise.
     """
-    config.out_dir.mkdir(parents=True, exist_ok=True)
     started_at = dt.datetime.now(dt.timezone.utc)
     t0 = time.monotonic()
-    prepared = {r: prepare_regime(config, r, config.out_dir) for r in config.regimes}
+    if prepared is None:
+        prepared = prepare_all(config)
     arms = {a.label: a for a in config.arms}
     agents = {r: list(p.sweep.agents) for r, p in prepared.items()}
     schedule = interleave(config.regimes, agents, list(arms), config.repeats)
@@ -641,5 +655,10 @@ def run_live_cli(args: argparse.Namespace) -> int:
         return 2
     if args.dry_run:
         return dry_run(config)
-    return run_live(config, as_json=args.json)
+    try:
+        prepared = prepare_all(config)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return run_live(config, as_json=args.json, prepared=prepared)
 

@@ -18,8 +18,8 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from dynamo_thunderagent.bench.live import POLICY_CLOCKS
 from dynamo_thunderagent.bench.regimes import REGIME_NAMES
+from dynamo_thunderagent.policy_files import POLICY_CLOCKS
 from dynamo_thunderagent.stack.arms import ARM_NAMES, BASELINE_ARM
 from dynamo_thunderagent.stack.discovery import DEFAULT_DISCOVERY, DISCOVERY_BACKENDS
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig, StackError

@@ -237,12 +237,15 @@ class _RouterComponentArm(Arm):
         return ["--router-mode", "round-robin", "--namespace", ctx.topology.namespace]
 
 
-# The Python port's durations: its defaults (dynamo/thunderagent_router), which are the parity
-# policy's values. Its router takes them as flags, not from a policy file.
+# The Python port's durations: its defaults (dynamo/thunderagent_router), the first three the
+# parity policy's values, the last two priority offsets in seconds of waiting. Its router takes
+# them as flags, not from a policy file.
 PYTHON_PORT_SECONDS = {
     "--resume-timeout-seconds": 1800.0,
     "--scheduler-interval-seconds": 5.0,
     "--acting-decay-tau-seconds": 1.0,
+    "--soft-demote-priority-jump": -2.0,
+    "--resume-priority-boost": 1.0,
 }
 
 
@@ -268,8 +271,8 @@ class DynamoPythonArm(_RouterComponentArm):
         return RouterLaunch(argv, env)
 
     def clock_args(self, time_scale: float) -> list[str]:
-        return [arg for flag, seconds in PYTHON_PORT_SECONDS.items()
-                for arg in (flag, f"{seconds * time_scale:g}")]
+        # flag=value: a negative value as a word of its own would read as an option
+        return [f"{flag}={seconds * time_scale:g}" for flag, seconds in PYTHON_PORT_SECONDS.items()]
 
     def figures(self, run: ObservedRun) -> dict[str, Any]:
         parsed = parse_python_router_log(run.log("router"))

@@ -89,7 +89,8 @@ class StackRegime:
         config.mocker_args = [*config.mocker_args, *self.mocker_args]
         arm = ArmSpec(config.arm, config.arm, config.policy)
         config.policy = self.prepared.policy_for(arm)
-        config.router_args = [*config.router_args, *self.prepared.router_args_for(arm)]
+        # The caller's own flags last: where both set one, the caller's wins.
+        config.router_args = [*self.prepared.router_args_for(arm), *config.router_args]
 
     def describe(self) -> dict[str, Any]:
         """The sizing as plain data (the JSON summary the stack prints once it is up)."""

@@ -193,8 +193,11 @@ def test_the_report_names_the_trace_each_agentic_code_run_replayed(
     trace = tmp_path / "trace" / "dataset.jsonl"
     seen: list[tuple[str, Path | None]] = []
     monkeypatch.setattr(clients, "find_aiperf", lambda explicit=None: "aiperf")
+    from dynamo_thunderagent.stack.regime import prepare_stack_regime
+
+    regime = prepare_stack_regime("calibrated", tmp_path / "regime")
     monkeypatch.setattr(clients, "prepare_agentic_code", lambda w, out, aiperf, **_: (
-        dataclasses.replace(w, trace=trace, hub_cache=tmp_path / "cache"), None))
+        dataclasses.replace(w, trace=trace, hub_cache=tmp_path / "cache"), regime))
 
     def run_one(arm: str, workload: Any, level: int, repeat: int, out: Path,
                 **_: Any) -> ClientRun:
@@ -206,3 +209,4 @@ def test_the_report_names_the_trace_each_agentic_code_run_replayed(
     assert ("agentic-code", trace) in seen and ("one-turn", None) in seen
     report = json.loads((tmp_path / "out" / "results.json").read_text())
     assert report["workloads"]["agentic-code"]["trace"] == str(trace)
+    assert report["policy_clock"] == {"agentic-code": 0.25}  # the routers' clock is on record

@@ -20,7 +20,7 @@ from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.policy_files import (
     EXTENDED_POLICY,
     PARITY_POLICY,
-    PARITY_SECONDS,
+    parity_parameters,
     policy_on_clock,
     seconds_on_clock,
 )
@@ -76,7 +76,7 @@ def test_the_parity_file_stays_within_dynamos_parameters(tmp_path: Path) -> None
     told = policy_on_clock(PARITY_POLICY, 0.25, tmp_path)
     original = yaml.safe_load(PARITY_POLICY.read_text())["request_classifier"]["parameters"]
     copy = yaml.safe_load(told.read_text())["request_classifier"]["parameters"]
-    assert set(copy) == set(original) | set(PARITY_SECONDS)
+    assert set(copy) == set(original) == parity_parameters()
     assert copy["resume_timeout_seconds"] == original["resume_timeout_seconds"] * 0.25
 
 
@@ -108,10 +108,9 @@ def test_the_calibrated_regime_runs_every_router_on_its_clock(tmp_path: Path) ->
     assert _params(builtin).scheduler_interval_seconds == 5 * clock
     assert prepared.policy_for(ArmSpec("stock", "stock")) is None  # no policy to scale
     port = prepared.router_args_for(ArmSpec("dynamo-python", "dynamo-python"))
-    assert port == [arg for flag, seconds in PYTHON_PORT_SECONDS.items()
-                    for arg in (flag, f"{seconds * clock:g}")]
-    assert "--scheduler-interval-seconds" in port and port[port.index(
-        "--scheduler-interval-seconds") + 1] == "1.25"
+    assert port == [f"{flag}={seconds * clock:g}" for flag, seconds in PYTHON_PORT_SECONDS.items()]
+    assert "--scheduler-interval-seconds=1.25" in port
+    assert "--soft-demote-priority-jump=-0.5" in port  # one word: not read as an option
     assert prepared.router_args_for(ArmSpec("ours", "ours")) == []  # its file says it
     assert arm_named("stock").clock_args(clock) == []
 
@@ -125,3 +124,96 @@ def test_wall_clock_and_an_unscaled_regime_run_the_files_as_written(tmp_path: Pa
     config = live.config_from_args(_args("--regime", "cheap-recompute", "--out", str(tmp_path)))
     cheap = prepare_regime(config, "cheap-recompute", tmp_path)
     assert cheap.setup.time_scale == 1 and cheap.policy_for(ArmSpec("ours", "ours")) is None
+
+
+def test_ours_only_durations_left_at_their_defaults_are_scaled_too() -> None:
+    defaults = ThunderAgentParameters()
+    ours = seconds_on_clock({"idle_horizon_factor": 3}, 0.25)  # a parameter only ours reads
+    assert ours["idle_horizon_min_seconds"] == defaults.idle_horizon_min_seconds * 0.25
+    parity = seconds_on_clock({"pause_threshold": 0.9}, 0.25)  # a file Dynamo's plugin reads
+    assert "idle_horizon_min_seconds" not in parity
+
+
+def test_a_scale_that_takes_a_duration_past_its_limit_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"at time scale 0.001: .*scheduler_interval_seconds"):
+        seconds_on_clock({"scheduler_interval_seconds": 5}, 0.001)
+
+
+def test_a_policy_that_cannot_be_read_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"missing\.yaml"):
+        policy_on_clock(tmp_path / "missing.yaml", 0.25, tmp_path / "out")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("request_classifier: [unclosed\n")
+    with pytest.raises(ValueError, match=r"broken\.yaml"):
+        policy_on_clock(broken, 0.25, tmp_path / "out")
+
+
+def test_an_unknown_policy_clock_is_refused(tmp_path: Path) -> None:
+    import dataclasses
+
+    config = live.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
+    with pytest.raises(ValueError, match="policy clock must be one of regime, wall"):
+        prepare_regime(dataclasses.replace(config, policy_clock="regimes"), "calibrated",
+                       tmp_path)
+
+
+def test_a_clock_without_a_work_dir_refuses_to_derive_a_policy(tmp_path: Path) -> None:
+    import dataclasses
+
+    config = live.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
+    prepared = dataclasses.replace(prepare_regime(config, "calibrated", tmp_path), work_dir=None)
+    with pytest.raises(ValueError, match="policy clock needs a work_dir"):
+        prepared.policy_for(ArmSpec("ours", "ours"))
+
+
+def test_a_tiered_regime_tells_the_tier_and_scales_the_durations(tmp_path: Path) -> None:
+    config = live.config_from_args(_args("--regime", "tiered", "--out", str(tmp_path)))
+    tiered = prepare_regime(config, "tiered", tmp_path)
+    told = tiered.policy_for(ArmSpec("ours", "ours"))
+    assert told is not None
+    params = _params(told)
+    assert params.host_kv_blocks == tiered.host_blocks
+    assert params.resume_timeout_seconds == _params(EXTENDED_POLICY).resume_timeout_seconds * 0.25
+
+
+def test_two_arms_with_files_of_one_name_get_copies_of_their_own(tmp_path: Path) -> None:
+    config = live.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
+    prepared = prepare_regime(config, "calibrated", tmp_path)
+    paths = []
+    for folder, wait in (("a", 10), ("b", 20)):
+        (tmp_path / folder).mkdir()
+        policy = tmp_path / folder / "p.yaml"
+        policy.write_text("request_classifier:\n  type: thunderagent\n  parameters:\n"
+                          f"    max_wait_seconds: {wait}\n")  # fmt: skip
+        paths.append(prepared.policy_for(ArmSpec(f"ours:{folder}", "ours", policy)))
+    assert paths[0] != paths[1]
+    assert [_params(p).max_wait_seconds for p in paths if p is not None] == [2.5, 5.0]
+
+
+def test_bench_live_refuses_a_policy_it_cannot_derive_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("request_classifier:\n  type: thunderagent\n  parameters:\n"
+                      "    max_wait_seconds: soon\n")  # fmt: skip
+    ran: list[object] = []
+    monkeypatch.setattr(live, "run_live", lambda *a, **k: ran.append(a) or 0)
+    args = _args("--regime", "calibrated", "--arms", f"stock,ours:bad={broken}",
+                 "--out", str(tmp_path / "out"))
+    assert live.run_live_cli(args) == 2
+    assert ran == [] and "broken.yaml: max_wait_seconds must be a number" in capsys.readouterr().err
+
+
+def test_a_stack_regime_takes_the_wall_clock_when_asked(tmp_path: Path) -> None:
+    from dynamo_thunderagent.stack.regime import prepare_stack_regime
+
+    assert prepare_stack_regime("calibrated", tmp_path / "a").prepared.policy_clock == 0.25
+    wall = prepare_stack_regime("calibrated", tmp_path / "b", policy_clock="wall")
+    assert wall.prepared.policy_clock == 1.0
+
+
+def test_the_python_ports_durations_are_its_own_defaults() -> None:
+    router = pytest.importorskip("dynamo.thunderagent_router.router")
+    config = router.ThunderAgentConfig()
+    for flag, seconds in PYTHON_PORT_SECONDS.items():
+        assert getattr(config, flag.removeprefix("--").replace("-", "_")) == seconds

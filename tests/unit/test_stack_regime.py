@@ -171,11 +171,21 @@ def test_a_regime_stack_runs_the_routers_durations_on_its_clock(tmp_path: Path) 
                  str(tmp_path / "b"))
     config = config_from_args(args)
     assert regime_from_args(args, config) is not None
-    flags = config.router_args
-    assert flags[flags.index("--scheduler-interval-seconds") + 1] == "1.25"
+    assert "--scheduler-interval-seconds=1.25" in config.router_args
     args = _args("--regime", "calibrated", "--arm", "ours", "--policy-clock", "wall",
                  "--run-dir", str(tmp_path / "c"))
     config = config_from_args(args)
     regime = regime_from_args(args, config)
     assert regime is not None and config.policy is None and config.router_args == []
     assert "policy file is" not in banner(regime, config, URL, tmp_path / "model")
+
+
+def test_a_callers_own_router_flags_win_over_the_clocks(tmp_path: Path) -> None:
+    from dynamo_thunderagent.stack.launcher import StackConfig
+    from dynamo_thunderagent.stack.regime import prepare_stack_regime
+
+    regime = prepare_stack_regime("calibrated", tmp_path)
+    config = StackConfig(arm="dynamo-python", router_args=["--scheduler-interval-seconds=9"])
+    regime.apply(config)
+    assert "--scheduler-interval-seconds=1.25" in config.router_args
+    assert config.router_args[-1] == "--scheduler-interval-seconds=9"  # argparse: last wins
