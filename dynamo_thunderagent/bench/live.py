@@ -36,7 +36,11 @@ Workloads
   duration by ``time_scale`` (0.25: the run's clock is 4x the GPU's); the mocker's prefill and
   decode tables come from :mod:`~dynamo_thunderagent.bench.calibration` at the same scales.
   The traced deployment's per-call client overhead (0.72 s, not engine time) is added to every
-  tool gap, as the simulator does.
+  tool gap, as the simulator does. The routers' durations run on the same clock
+  (``--policy-clock regime``, the default): ours and the builtin get a copy of their policy
+  with every ``*_seconds`` parameter times ``time_scale``, the Python port its flags in
+  seconds scaled alike, so a policy means against the agents what it means in production;
+  ``--policy-clock wall`` runs the files as written (every figure before 2026-12-02).
 * ``cheap-recompute`` (default workload ``toy``): the agents of workload.md's "measured here"
   runs (10-20 turns, 500-token shared system prompt, 100-300 tool tokens and 32-64 generated
   tokens a turn, tool time lognormal with a 0.5 s median) on the mocker's built-in timing.
@@ -98,8 +102,9 @@ Output (``--out DIR``, default ``bench-results/<UTC timestamp>/``)
 goes to stderr. Exit status: 0 when every run finished with zero errors, 1 otherwise, 2 for
 bad options.
 
-(This module is about 600 lines because this docstring, the command's reference, is about
-110 of them, and the sweep's run loop and its command line belong together; the sweep plan,
+(This module is about 660 lines because this docstring, the command's reference, is about
+115 of them, and the sweep's run loop, the regime's preparation (policies on its clock) and
+its command line belong together; the sweep plan,
 the figures and the report live in ``live_sweep``, ``live_report``, ``live_markdown`` and
 ``live_observer``.)
 """
