@@ -4,7 +4,6 @@ package."""
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -72,28 +71,28 @@ def policy_with_host_tier(policy: Path, host_blocks: int, out_dir: Path) -> Path
                        out_dir / f"{policy.stem}-host{host_blocks}.yaml", header)
 
 
-@functools.cache
-def parity_parameters() -> frozenset[str]:
-    """The parameters Dynamo's builtin plugin reads: those the parity file sets (both its
-    plugin and our router read them, so a copy for either may write them out)."""
-    _, params = _our_classifier(PARITY_POLICY)
-    if not params:
-        raise ValueError(f"{PARITY_POLICY}: no thunderagent classifier parameters")
-    return frozenset(params)
+# The parameters Dynamo 1.6's builtin plugin knows (it rejects any other name): the parity set.
+DYNAMO_PARAMETERS = frozenset({
+    "pause_threshold", "pause_target", "resume_hysteresis", "resume_timeout_seconds",
+    "session_retention_seconds", "scheduler_interval_seconds", "acting_token_weight",
+    "acting_decay_tau_seconds", "buffer_per_program", "max_tracked_requests",
+})
 
 
-def seconds_on_clock(parameters: dict[str, Any], time_scale: float) -> dict[str, Any]:
+def seconds_on_clock(parameters: dict[str, Any], time_scale: float, *,
+                     ours: bool = True) -> dict[str, Any]:
     """``parameters`` with every duration multiplied by ``time_scale``: the same policy on a
     clock that runs ``1 / time_scale`` times as fast. A duration is a ``*_seconds``
     parameter; those left at their defaults are written out, scaled: Dynamo's timing ones
     always, ours too when the file already uses a parameter only our router reads (Dynamo's
     plugin rejects names it does not know). ``parameters`` is left as it is; raises
     ValueError for a scale that is not a positive number, a duration that is not a number,
-    or a result the router would refuse."""
+    or, with ``ours`` (the file is for our router), a result our router would refuse; a file
+    for Dynamo's plugin is its to judge (scaling keeps a positive duration positive)."""
     if not (isinstance(time_scale, (int, float)) and 0 < time_scale < float("inf")):
         raise ValueError(f"time scale must be a positive number, got {time_scale!r}")
     fields = ThunderAgentParameters.model_fields
-    parity = parity_parameters()
+    parity = DYNAMO_PARAMETERS
     ours_only = any(name not in parity for name in parameters)
     scaled = dict(parameters)
     for name, field in fields.items():
@@ -106,6 +105,8 @@ def seconds_on_clock(parameters: dict[str, Any], time_scale: float) -> dict[str,
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{name} must be a number of seconds, got {value!r}")
         scaled[name] = value * time_scale
+    if not ours:
+        return scaled
     try:
         ThunderAgentParameters.model_validate(scaled)
     except ValidationError as error:
@@ -114,20 +115,21 @@ def seconds_on_clock(parameters: dict[str, Any], time_scale: float) -> dict[str,
     return scaled
 
 
-def policy_on_clock(policy: Path, time_scale: float, out_dir: Path) -> Path:
+def policy_on_clock(policy: Path, time_scale: float, out_dir: Path, *,
+                    ours: bool = True) -> Path:
     """The policy file to run on a benchmark clock of ``time_scale`` wall seconds per real
     second (agents' tools and the engine both run that much faster): ``policy`` itself at
     scale 1 or without a thunderagent classifier, else a copy under ``out_dir`` whose
     durations are scaled alike (:func:`seconds_on_clock`), so that a 60 s wait in the file
-    is as long, against the agents' turns, as 60 s is in production. Raises ValueError
-    naming the file."""
+    is as long, against the agents' turns, as 60 s is in production; ``ours``: the file is
+    for our router (validated as it would read it). Raises ValueError naming the file."""
     if time_scale == 1:
         return policy
     data, params = _our_classifier(policy)
     if params is None:
         return policy
     try:
-        scaled = seconds_on_clock(params, time_scale)
+        scaled = seconds_on_clock(params, time_scale, ours=ours)
     except ValueError as error:
         raise ValueError(f"{policy}: {error}") from None
     header = (f"# {policy.name} with every duration x{time_scale:g}: the benchmark's clock "

@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -452,11 +453,16 @@ def _choices(text: str, allowed: tuple[str, ...] | list[str], what: str) -> list
 
 def prepare_agentic_code(workload: AgenticCodeWorkload, out: Path, aiperf: str,
                          seed: int = 42, policy_clock: str = "regime",
+                         arms: Sequence[str] = (), policy: Path | None = None,
                          ) -> tuple[AgenticCodeWorkload, StackRegime]:
-    """Size the workload's regime, synthesize its trace at the regime's scales and make the
+    """Size the workload's regime, derive the policy each of ``arms`` will run (``policy``:
+    arm ours'; a file that cannot be read or put on the regime's clock raises ValueError
+    before anything slow), synthesize the trace at the regime's scales and make the
     tokenizer's hub cache, once for every arm; the workload with both set, and the regime."""
     regime = prepare_stack_regime(workload.regime, (out / "regime").resolve(),
                                   policy_clock=policy_clock)
+    for arm in arms:
+        regime.apply(StackConfig(arm=arm, policy=policy if arm_named(arm).takes_policy else None))
     config = scaled_config(regime.token_scale, regime.time_scale, workload.block_size,
                            regime.num_gpu_blocks * regime.block_size)
     trace = synthesize(aiperf, config, (out / "trace").resolve(), sessions=workload.sessions,
@@ -495,10 +501,8 @@ def run_clients_cli(args: argparse.Namespace) -> int:
         if isinstance(workload, AgenticCodeWorkload):
             try:
                 workloads[index], regimes[workload.name] = prepare_agentic_code(
-                    workload, out, aiperf, policy_clock=args.policy_clock)
-                for arm in arms:  # a policy that cannot be derived stops us before any run
-                    regimes[workload.name].apply(StackConfig(
-                        arm=arm, policy=args.policy if arm_named(arm).takes_policy else None))
+                    workload, out, aiperf, policy_clock=args.policy_clock, arms=arms,
+                    policy=args.policy)
             except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as error:
                 print(f"error: {workload.name}: {error}", file=sys.stderr)
                 return 2

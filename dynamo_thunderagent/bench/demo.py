@@ -54,7 +54,7 @@ from dynamo_thunderagent.bench.demo_report import (
     render_table,
     timeline,
 )
-from dynamo_thunderagent.bench.live import LiveConfig, PreparedRegime, machine_info, prepare_regime
+from dynamo_thunderagent.bench.live import LiveConfig, PreparedRegime, machine_info, prepare_all
 from dynamo_thunderagent.bench.live_observer import Observer
 from dynamo_thunderagent.bench.live_report import make_row
 from dynamo_thunderagent.bench.live_sweep import ArmSpec, RunKey, parse_arms, run_plans
@@ -207,7 +207,8 @@ def build_report(
     }  # fmt: skip
 
 
-def run_demo_config(config: DemoConfig, *, as_json: bool, out: TextIO = sys.stdout) -> int:
+def run_demo_config(config: DemoConfig, *, as_json: bool, out: TextIO = sys.stdout,
+                    prepared: PreparedRegime | None = None) -> int:
     """Run every arm, write ``results.json`` and the PNG, print the table (or the JSON).
 
     Returns 0 when every arm ran with zero errors, 1 otherwise.
@@ -220,7 +221,8 @@ def run_demo_config(config: DemoConfig, *, as_json: bool, out: TextIO = sys.stdo
     t0 = time.monotonic()
     started_at = dt.datetime.now(dt.timezone.utc)
     config.out_dir.mkdir(parents=True, exist_ok=True)
-    prepared = prepare_regime(config.live_config(), config.regime, config.out_dir)
+    if prepared is None:
+        prepared = prepare_all(config.live_config())[config.regime]
     sweep, setup = prepared.sweep, prepared.setup
     note = workload_note(config, prepared)
     say(
@@ -351,7 +353,9 @@ def run_demo(args: argparse.Namespace) -> int:
     """CLI entry: 0 when every arm ran with zero errors, 1 otherwise, 2 on bad options."""
     try:
         config = config_from_args(args)
+        # Every arm's policy derived before the first run: a bad one stops the demo here.
+        prepared = prepare_all(config.live_config())[config.regime]
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    return run_demo_config(config, as_json=args.json)
+    return run_demo_config(config, as_json=args.json, prepared=prepared)

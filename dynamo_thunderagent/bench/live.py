@@ -326,7 +326,8 @@ class PreparedRegime:
         if tier:
             policy = policy_with_host_tier(policy, self.host_blocks, out)
         if clock:
-            policy = policy_on_clock(policy, self.policy_clock, out)
+            policy = policy_on_clock(policy, self.policy_clock, out,
+                                     ours=arm.arm.reads_our_policy)
         return policy
 
     def router_args_for(self, arm: ArmSpec) -> list[str]:

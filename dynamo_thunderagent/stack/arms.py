@@ -129,6 +129,8 @@ class Arm(ABC):
     # Its policy can say how large a host KV tier is (``host_kv_blocks``): a benchmark with
     # a host tier tells it, as an operator would (Dynamo 1.6's cards do not publish it).
     configures_host_tier: ClassVar[bool] = False
+    # Its policy file is read by our router (validated as ours reads it), not Dynamo's plugin.
+    reads_our_policy: ClassVar[bool] = False
 
     def policy_path(self, ctx: LaunchContext) -> Path | None:
         """The router-policy YAML its processes read, if any."""
@@ -297,6 +299,7 @@ class OursArm(_RouterComponentArm):
     policy_option = "--policy"
     serves_state = True
     configures_host_tier = True
+    reads_our_policy = True
 
     def policy_path(self, ctx: LaunchContext) -> Path | None:
         if ctx.router_cmd is not None:

@@ -18,9 +18,9 @@ from dynamo_thunderagent.bench.live_sweep import ArmSpec
 from dynamo_thunderagent.catalog import default_catalog, load_policy
 from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.policy_files import (
+    DYNAMO_PARAMETERS,
     EXTENDED_POLICY,
     PARITY_POLICY,
-    parity_parameters,
     policy_on_clock,
     seconds_on_clock,
 )
@@ -76,7 +76,10 @@ def test_the_parity_file_stays_within_dynamos_parameters(tmp_path: Path) -> None
     told = policy_on_clock(PARITY_POLICY, 0.25, tmp_path)
     original = yaml.safe_load(PARITY_POLICY.read_text())["request_classifier"]["parameters"]
     copy = yaml.safe_load(told.read_text())["request_classifier"]["parameters"]
-    assert set(copy) == set(original) == parity_parameters()
+    assert set(copy) == set(original)
+    assert set(original) <= DYNAMO_PARAMETERS  # the parity file is Dynamo's parameters only
+    assert {"resume_timeout_seconds", "session_retention_seconds", "scheduler_interval_seconds",
+            "acting_decay_tau_seconds"} <= DYNAMO_PARAMETERS
     assert copy["resume_timeout_seconds"] == original["resume_timeout_seconds"] * 0.25
 
 
@@ -217,3 +220,54 @@ def test_the_python_ports_durations_are_its_own_defaults() -> None:
     config = router.ThunderAgentConfig()
     for flag, seconds in PYTHON_PORT_SECONDS.items():
         assert getattr(config, flag.removeprefix("--").replace("-", "_")) == seconds
+
+
+def test_a_file_for_dynamos_plugin_is_its_to_judge_not_ours(tmp_path: Path) -> None:
+    # Our router caps acting_token_weight at 1000; Dynamo's plugin may take more.
+    given = {"acting_token_weight": 2000.0, "scheduler_interval_seconds": 5}
+    assert seconds_on_clock(given, 0.25, ours=False)["scheduler_interval_seconds"] == 1.25
+    with pytest.raises(ValueError, match="acting_token_weight"):
+        seconds_on_clock(given, 0.25)
+    config = live.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
+    prepared = prepare_regime(config, "calibrated", tmp_path)
+    theirs = tmp_path / "theirs.yaml"
+    theirs.write_text("request_classifier:\n  type: thunderagent\n  parameters:\n"
+                      "    acting_token_weight: 2000.0\n")  # fmt: skip
+    assert prepared.policy_for(ArmSpec("builtin", "builtin", theirs)) is not None
+    with pytest.raises(ValueError, match=r"theirs\.yaml"):
+        prepared.policy_for(ArmSpec("ours", "ours", theirs))
+
+
+def test_the_demo_refuses_a_policy_it_cannot_derive_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dynamo_thunderagent.bench import demo
+    from dynamo_thunderagent.cli import build_parser
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("request_classifier:\n  type: thunderagent\n  parameters:\n"
+                      "    max_wait_seconds: soon\n")  # fmt: skip
+    ran: list[object] = []
+    monkeypatch.setattr(demo, "run_stack", lambda *a, **k: ran.append(a))
+    args = build_parser().parse_args(["demo", "--policy", str(broken), "--out", str(tmp_path)])
+    assert demo.run_demo(args) == 2
+    assert ran == [] and "broken.yaml: max_wait_seconds must be a number" in capsys.readouterr().err
+
+
+def test_bench_clients_refuses_a_bad_policy_before_synthesizing_a_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dynamo_thunderagent.bench import clients
+    from dynamo_thunderagent.cli import build_parser
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("request_classifier: [unclosed\n")
+    made: list[object] = []
+    monkeypatch.setattr(clients, "find_aiperf", lambda explicit=None: "aiperf")
+    monkeypatch.setattr(clients, "synthesize", lambda *a, **k: made.append(a))
+    monkeypatch.setattr(clients, "run_one", lambda *a, **k: made.append(a))
+    args = build_parser().parse_args(["bench", "clients", "--workloads", "agentic-code",
+                                      "--arms", "stock,ours", "--policy", str(broken),
+                                      "--out", str(tmp_path / "out")])
+    assert clients.run_clients_cli(args) == 2
+    assert made == [] and "broken.yaml" in capsys.readouterr().err
