@@ -71,6 +71,9 @@ from dynamo_thunderagent.stack.topology import (
 )
 from dynamo_thunderagent.stack.zmq_broker import broker_url
 
+# Starts of the frontend when the HTTP port picked for it is taken before it binds it.
+FRONTEND_PORT_TRIES = 3
+
 # StackConfig and StackError live in their own modules; they are importable from here too,
 # next to the stack they configure and report on.
 __all__ = ["LocalStack", "StackConfig", "StackError", "StackProcess"]
@@ -258,19 +261,30 @@ class LocalStack:
                 system_port=free_system_port(),
             )
         self._start_router(env)
-        self._spawn(
+        frontend = self._spawn(
             "frontend", "frontend", self._frontend_argv(), env, system_port=free_system_port()
         )
-
-        self._wait_for(
-            Readiness(self._workers_registered, f"{cfg.num_workers} worker registrations"),
-            deadline,
-        )
-        self._wait_for(
-            Readiness(lambda: model_listed(self.url, cfg.model_name),
-                      f"model {cfg.model_name!r} on {self.url}/models"),
-            deadline,
-        )  # fmt: skip
+        for attempt in range(1, FRONTEND_PORT_TRIES + 1):
+            try:
+                self._wait_for(
+                    Readiness(self._workers_registered, f"{cfg.num_workers} worker registrations"),
+                    deadline,
+                )
+                self._wait_for(
+                    Readiness(lambda: model_listed(self.url, cfg.model_name),
+                              f"model {cfg.model_name!r} on {self.url}/models"),
+                    deadline,
+                )  # fmt: skip
+                break
+            except StackError:
+                if attempt == FRONTEND_PORT_TRIES or not self._lost_its_port(frontend):
+                    raise
+                # The port was free when picked, and the OS handed it to another process
+                # before the frontend bound it: pick another and start the frontend again.
+                self.processes.remove(frontend)
+                self.http_port = free_port()
+                frontend = self._spawn("frontend", "frontend", self._frontend_argv(), env,
+                                       system_port=free_system_port())
         for ready in self.arm.readiness(self.launch):
             self._wait_for(ready, deadline)
         return self
@@ -457,6 +471,16 @@ class LocalStack:
         proc = spawn(name, role, argv, env, run_dir=self.run_dir, system_port=system_port)
         self.processes.append(proc)
         return proc
+
+    def _lost_its_port(self, frontend: StackProcess) -> bool:
+        """The frontend exited because its HTTP port, picked here, was taken meanwhile."""
+        if self.config.http_port is not None or frontend.alive():
+            return False  # a port the caller chose is the caller's to change
+        try:
+            text = frontend.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+        return "already in use" in text.rsplit("\n$ ", 1)[-1]  # since its own command line
 
     def _workers_registered(self) -> bool:
         return len(self.worker_instances()) >= self.config.num_workers

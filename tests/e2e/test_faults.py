@@ -512,3 +512,22 @@ async def test_a_sessions_concurrent_turns_run_alongside_with_the_extended_polic
         await asyncio.gather(holder, *others)
         assert outcomes.ok == 4 and outcomes.errors == []
         await asyncio.to_thread(settles, stack, "turns alongside")
+
+
+# ---- the frontend's port taken before it binds it ---------------------------------------------
+def test_a_frontend_port_taken_before_the_frontend_binds_it_gets_another(tmp_path: Path) -> None:
+    import socket
+
+    stack = start_stack(tmp_path)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        stack.http_port = taken  # as when another process takes the port picked for it
+        with stack:
+            wait_until_ready(stack, 2)
+            assert stack.http_port != taken
+            assert "already in use" in (tmp_path / "run" / "logs" / "frontend.log").read_text()
+            with sync_client(stack) as client:
+                chat(client, [{"role": "user", "content": turn_text("a", 0)}], session="a")
+            settles(stack, "a frontend restarted on another port")
