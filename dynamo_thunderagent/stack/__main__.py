@@ -166,11 +166,7 @@ def run_stack_cli(args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        announced = stack.url
         stack.start()
-        if stack.url != announced:  # the picked port was taken before the frontend bound it
-            print(f"stack: url: {stack.url} (port {announced} was taken meanwhile)",
-                  file=sys.stderr, flush=True)
         print(stack.url, flush=True)
         summary = {
             "url": stack.url,
