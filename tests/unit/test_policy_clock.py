@@ -37,6 +37,14 @@ def _params(path: Path) -> ThunderAgentParameters:
     return params
 
 
+def _broken_policy(tmp_path: Path) -> Path:
+    """A policy whose duration is not a number."""
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("request_classifier:\n  type: thunderagent\n  parameters:\n"
+                      "    max_wait_seconds: soon\n")  # fmt: skip
+    return broken
+
+
 def test_every_duration_is_scaled_and_nothing_else() -> None:
     given = {"max_wait_seconds": 60, "min_residency_seconds": 5, "pause_threshold": 0.95,
              "idle_horizon_factor": 3, "resume_timeout_seconds": 120}
@@ -196,9 +204,7 @@ def test_two_arms_with_files_of_one_name_get_copies_of_their_own(tmp_path: Path)
 def test_bench_live_refuses_a_policy_it_cannot_derive_before_any_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    broken = tmp_path / "broken.yaml"
-    broken.write_text("request_classifier:\n  type: thunderagent\n  parameters:\n"
-                      "    max_wait_seconds: soon\n")  # fmt: skip
+    broken = _broken_policy(tmp_path)
     ran: list[object] = []
     monkeypatch.setattr(live, "run_live", lambda *a, **k: ran.append(a) or 0)
     args = _args("--regime", "calibrated", "--arms", f"stock,ours:bad={broken}",
@@ -244,9 +250,7 @@ def test_the_demo_refuses_a_policy_it_cannot_derive_before_any_run(
     from dynamo_thunderagent.bench import demo
     from dynamo_thunderagent.cli import build_parser
 
-    broken = tmp_path / "broken.yaml"
-    broken.write_text("request_classifier:\n  type: thunderagent\n  parameters:\n"
-                      "    max_wait_seconds: soon\n")  # fmt: skip
+    broken = _broken_policy(tmp_path)
     ran: list[object] = []
     monkeypatch.setattr(demo, "run_stack", lambda *a, **k: ran.append(a))
     args = build_parser().parse_args(["demo", "--policy", str(broken), "--out", str(tmp_path)])
