@@ -71,6 +71,15 @@ class KeepsSteps(Scheduler):
     def tick(self, now: float) -> Decisions:
         return self._keep(super().tick(now))
 
+    # A sessionless request's start and end change room, so they may pause or resume
+    # programs too (the classifier applies these decisions like any other).
+    def sessionless_started(self, request_id: str, worker: WorkerKey, tokens: int,
+                            now: float) -> Decisions:
+        return self._keep(super().sessionless_started(request_id, worker, tokens, now))
+
+    def sessionless_ended(self, request_id: str, now: float) -> Decisions:
+        return self._keep(super().sessionless_ended(request_id, now))
+
 
 def recording(**params: Any) -> Harness:
     return Harness(KeepsSteps(ThunderAgentParameters(
