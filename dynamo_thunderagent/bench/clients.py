@@ -56,6 +56,7 @@ from dynamo_thunderagent.bench.agentic_code import (
     tokenizer_cache,
 )
 from dynamo_thunderagent.bench.live import code_version
+from dynamo_thunderagent.bench.live_sweep import ArmSpec
 from dynamo_thunderagent.bench.output import publish
 from dynamo_thunderagent.dynamo.translate import SESSION_HEADER
 from dynamo_thunderagent.policy_files import POLICY_CLOCKS
@@ -461,8 +462,8 @@ def prepare_agentic_code(workload: AgenticCodeWorkload, out: Path, aiperf: str,
     tokenizer's hub cache, once for every arm; the workload with both set, and the regime."""
     regime = prepare_stack_regime(workload.regime, (out / "regime").resolve(),
                                   policy_clock=policy_clock)
-    for arm in arms:
-        regime.apply(StackConfig(arm=arm, policy=policy if arm_named(arm).takes_policy else None))
+    regime.prepared.check_policies(
+        ArmSpec(arm, arm, policy if arm_named(arm).takes_policy else None) for arm in arms)
     config = scaled_config(regime.token_scale, regime.time_scale, workload.block_size,
                            regime.num_gpu_blocks * regime.block_size)
     trace = synthesize(aiperf, config, (out / "trace").resolve(), sessions=workload.sessions,

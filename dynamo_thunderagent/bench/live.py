@@ -120,7 +120,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -330,6 +330,12 @@ class PreparedRegime:
                                      ours=arm.arm.reads_our_policy)
         return policy
 
+    def check_policies(self, arms: Iterable[ArmSpec]) -> None:
+        """Derive the policy of each of ``arms`` now, before any run: a file that cannot be
+        read or put on the regime's clock raises ValueError naming it."""
+        for arm in arms:
+            self.policy_for(arm)
+
     def router_args_for(self, arm: ArmSpec) -> list[str]:
         """Flags for the router of ``arm`` that put its built-in durations on the regime's
         clock (the arms configured by flags rather than a policy file)."""
@@ -404,8 +410,7 @@ def prepare_all(config: LiveConfig) -> dict[str, PreparedRegime]:
     config.out_dir.mkdir(parents=True, exist_ok=True)
     prepared = {r: prepare_regime(config, r, config.out_dir) for r in config.regimes}
     for regime in prepared.values():
-        for arm in config.arms:
-            regime.policy_for(arm)
+        regime.check_policies(config.arms)
     return prepared
 
 
