@@ -102,7 +102,7 @@ Output (``--out DIR``, default ``bench-results/<UTC timestamp>/``)
 goes to stderr. Exit status: 0 when every run finished with zero errors, 1 otherwise, 2 for
 bad options.
 
-(This module is about 660 lines because this docstring, the command's reference, is about
+(This module is about 670 lines because this docstring, the command's reference, is about
 115 of them, and the sweep's run loop, the regime's preparation (policies on its clock) and
 its command line belong together; the sweep plan,
 the figures and the report live in ``live_sweep``, ``live_report``, ``live_markdown`` and
