@@ -151,6 +151,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("agent_runs", "  agent runs the arm finished", ".0f"),
     Figure("latency_p50_s", "turn latency p50 (s)", ".2f", "turn p50"),
     Figure("latency_p99_s", "turn latency p99 (s)", ".2f", "turn p99"),
+    Figure("latency_max_s", "  longest turn, unfinished ones so far (s)", ".2f"),
     Figure("latency_censored", "  turns unfinished at end (in p99)", ".0f"),
     Figure("admission_wait_p50_s", "admission wait p50 (s)", ".2f"),
     Figure("admission_wait_p99_s", "admission wait p99 (s)", ".2f"),

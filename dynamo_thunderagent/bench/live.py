@@ -72,6 +72,8 @@ Definitions of the figures (per run; see ``bench/metrics.py``)
 * ``latency_p50_s`` / ``latency_p99_s``: turn latency (admission wait included) of the turns
   that started in the steady window, nearest rank; a turn still waiting when the drain ended
   counts with its time so far (a lower bound; ``latency_censored`` counts them).
+  ``latency_max_s``: the longest of them, every arm's longest wait as the client sees it (the
+  ports do not report theirs).
 * ``agent_run_mean_s`` / ``agent_run_p90_s``: agent-run completion time, first turn sent to
   session-final answered, over the ``agent_runs`` agents that ran whole inside the run
   (warm-started agents, which began mid-program, are left out).

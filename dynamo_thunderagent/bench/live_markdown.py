@@ -99,8 +99,9 @@ def _regime_markdown(
         out += [
             f"At N={n} ({pressures.get(n, 0):.1f}x capacity):",
             "",
-            "| arm | steps/min | vs stock | hit rate | recomputed tokens | turn p50 / p99 (s) "
-            "| agent run mean / p90 (s) | admission wait p50 / p99 / max (s) "
+            "| arm | steps/min | vs stock | hit rate | recomputed tokens "
+            "| turn p50 / p99 / max (s) | agent run mean / p90 (s) "
+            "| admission wait p50 / p99 / max (s) "
             "| paused (mean / max) | pauses / resumes / moves | errors | failed runs |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
@@ -128,7 +129,8 @@ def _largest_row(arm: str, c: Mapping[str, Any]) -> str:
         "-" if ratio is None else f"{ratio:.2f}x",
         _f(c.get("hit_rate"), ".3f"),
         _f(c.get("recomputed_tokens"), ",.0f"),
-        f"{_f(c.get('latency_p50_s'), '.2f')} / {_f(c.get('latency_p99_s'), '.2f')}",
+        " / ".join(_f(c.get(k), ".2f") for k in (
+            "latency_p50_s", "latency_p99_s", "latency_max_s")),
         f"{_f(c.get('agent_run_mean_s'), '.1f')} / {_f(c.get('agent_run_p90_s'), '.1f')}",
         " / ".join(_f(c.get(k), ".2f") for k in (
             "admission_wait_p50_s", "admission_wait_p99_s", "admission_wait_max_s")),

@@ -72,7 +72,10 @@ def steady_figures(records: Iterable[Any], start: float, stop: float) -> dict[st
     ``[start, stop)``. Latency: every turn that *started* in ``[start, stop)`` and did not
     fail; a turn still waiting when the drain ended (``cancelled``) counts with its time so
     far, a lower bound, so that arms that hold turns back cannot hide their tail by never
-    finishing them (``latency_censored`` counts those).
+    finishing them (``latency_censored`` counts those). ``latency_max_s``, the longest of
+    those, is the one wait every arm shows from the client's side: a router that holds
+    turns back without saying so (the ports) shows it here, as a lower bound when the turn
+    was cut off.
     """
     done = [
         r for r in records
@@ -88,6 +91,7 @@ def steady_figures(records: Iterable[Any], start: float, stop: float) -> dict[st
         "hit_rate": cached / prompt if prompt else None,
         "latency_p50_s": percentile(latencies, 0.5),
         "latency_p99_s": percentile(latencies, 0.99),
+        "latency_max_s": latencies[-1] if latencies else None,
         "latency_censored": sum(1 for r in started if r.cancelled),
         "latencies": latencies,
     }
@@ -95,15 +99,16 @@ def steady_figures(records: Iterable[Any], start: float, stop: float) -> dict[st
 
 ROW_METRICS: tuple[str, ...] = (
     "steps_per_min", "hit_rate", "hit_rate_all", "recomputed_tokens", "recomputed_fraction",
-    "latency_p50_s", "latency_p99_s", "admission_wait_p50_s", "admission_wait_p99_s",
-    "admission_wait_max_s", "pauses", "resumes", "moves", "forced_resumes", "paused_mean",
-    "paused_max", "errors", "cancelled", "turns_ok", "steady_turns", "agents_completed",
-    "latency_censored", "admission_wait_censored_max_s", "agent_runs", "agent_run_mean_s",
-    "agent_run_p90_s",
+    "latency_p50_s", "latency_p99_s", "latency_max_s", "admission_wait_p50_s",
+    "admission_wait_p99_s", "admission_wait_max_s", "pauses", "resumes", "moves",
+    "forced_resumes", "paused_mean", "paused_max", "errors", "cancelled", "turns_ok",
+    "steady_turns", "agents_completed", "latency_censored", "admission_wait_censored_max_s",
+    "agent_runs", "agent_run_mean_s", "agent_run_p90_s",
 )  # fmt: skip
 # How a cell's headline value combines its repeats (default: mean).
 SUMMED = frozenset({"errors"})
-MAXED = frozenset({"admission_wait_max_s", "admission_wait_censored_max_s", "paused_max"})
+MAXED = frozenset({
+    "latency_max_s", "admission_wait_max_s", "admission_wait_censored_max_s", "paused_max"})
 
 
 def make_row(
@@ -133,6 +138,7 @@ def make_row(
         row["hit_rate"] = steady["hit_rate"]
         row["latency_p50_s"] = steady["latency_p50_s"]
         row["latency_p99_s"] = steady["latency_p99_s"]
+        row["latency_max_s"] = steady["latency_max_s"]
         row["latency_censored"] = steady["latency_censored"]
         row["turn_latencies_s"] = [round(x, 3) for x in steady["latencies"]]
         if result.run.background:  # sessionless requests sent beside the agents

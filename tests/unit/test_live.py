@@ -244,6 +244,7 @@ def test_steady_figures_window_and_censoring() -> None:
     assert steady["latencies"] == [1.0, 2.0, 2.5, 8.0]
     assert steady["latency_censored"] == 1
     assert steady["latency_p99_s"] == 8.0
+    assert steady["latency_max_s"] == 8.0  # the cut-off turn, with its time so far
 
 
 def _result(arm: str, rate_turns: int, *, error: str | None = None,
@@ -276,6 +277,7 @@ def test_make_row_has_every_figure() -> None:
     assert row["pauses"] == 3 and row["admission_wait_max_s"] == 4.0
     assert row["scheduler"]["rejected"] == 0
     assert row["error"] is None and len(row["turn_latencies_s"]) == 6
+    assert row["latency_max_s"] == pytest.approx(1.0)  # every arm's, stock's too
     failed = _row("ours", 8, 0, 0, error="StackError: boom")
     assert failed["error"] == "StackError: boom" and failed["steps_per_min"] is None
 
@@ -284,6 +286,7 @@ def test_aggregate_cell_mean_min_max_and_failures() -> None:
     rows = [_row("stock", 8, r, t) for r, t in enumerate((6, 9, 12))]
     rows[1]["errors"] = 2
     rows[2]["admission_wait_max_s"] = 7.0
+    rows[0]["latency_max_s"] = 9.0
     rows.append(_row("stock", 8, 3, 0, error="StackError: boom"))
     cell = live_report.aggregate_cell(rows)
     assert (cell["runs"], cell["failed_runs"]) == (4, 1)
@@ -294,6 +297,7 @@ def test_aggregate_cell_mean_min_max_and_failures() -> None:
     assert cell["steps_per_min"] == pytest.approx(60.0)
     assert cell["errors"] == 2  # summed
     assert cell["admission_wait_max_s"] == 7.0  # max of the runs that have it
+    assert cell["latency_max_s"] == 9.0  # the longest turn of any run, not their mean
     assert cell["pauses"] is None  # no run measured it
     with pytest.raises(ValueError):
         live_report.aggregate_cell([])
