@@ -24,9 +24,10 @@ What it prints and writes
 A table with one column per arm: steps/min over the steady window ``[--warmup, --window)``,
 prefix-cache hit rate, recomputed tokens, agent-run completion time (mean, p90, over the agent
 runs every arm finished whole inside its run: the same programs, since every arm replays the
-same seeded agents; each arm's own ``bench live`` mean is shown too), turn latency p50/p99,
-admission waits (ours; a turn still waiting at the end is reported with its wait so far),
-programs paused, pauses, resumes and moves (ours), then each arm's ratios to the first.
+same seeded agents; each arm's own ``bench live`` mean is shown too), turn latency p50/p99
+and the longest turn, admission waits (ours; a turn still waiting at the end is reported
+with its wait so far), programs paused, pauses, resumes and moves (ours), then each arm's
+ratios to the first.
 Into ``--out`` (default ``bench-results/demo-<UTC time>/``): ``results.json`` (every figure,
 the sizing, the timeline) and ``demo_<regime>.png`` (steps/min and hit rate over time, one
 line per arm). One run per

@@ -72,8 +72,9 @@ Definitions of the figures (per run; see ``bench/metrics.py``)
 * ``latency_p50_s`` / ``latency_p99_s``: turn latency (admission wait included) of the turns
   that started in the steady window, nearest rank; a turn still waiting when the drain ended
   counts with its time so far (a lower bound; ``latency_censored`` counts them).
-  ``latency_max_s``: the longest of them, every arm's longest wait as the client sees it (the
-  ports do not report theirs).
+  ``latency_max_s``: the longest of them (the max over repeats, as for every ``*_max``
+  figure), the one figure that shows how long any arm held a turn back: the ports do not
+  report their waits.
 * ``agent_run_mean_s`` / ``agent_run_p90_s``: agent-run completion time, first turn sent to
   session-final answered, over the ``agent_runs`` agents that ran whole inside the run
   (warm-started agents, which began mid-program, are left out).
@@ -99,12 +100,12 @@ Output (``--out DIR``, default ``bench-results/<UTC timestamp>/``)
 
 ``--json`` prints the report on stdout (without the per-run latency samples) as ONE object:
 ``report["arms"][arm]`` holds the figures of the first regime at its largest N
-(``steps_per_min``, ``hit_rate``, ... as means over the repeats, plus ``spread`` and
-``by_n`` with every N); ``report["regimes"][regime]["arms"]`` the same per regime. Progress
-goes to stderr. Exit status: 0 when every run finished with zero errors, 1 otherwise, 2 for
-bad options.
+(``steps_per_min``, ``hit_rate``, ... as means over the repeats, except errors, summed, and
+the ``*_max`` / ``*_max_s`` figures, their max; plus ``spread`` and ``by_n`` with every N);
+``report["regimes"][regime]["arms"]`` the same per regime. Progress goes to stderr. Exit
+status: 0 when every run finished with zero errors, 1 otherwise, 2 for bad options.
 
-(This module is about 670 lines because this docstring, the command's reference, is about
+(This module is about 680 lines because this docstring, the command's reference, is about
 115 of them, and the sweep's run loop, the regime's preparation (policies on its clock) and
 its command line belong together; the sweep plan,
 the figures and the report live in ``live_sweep``, ``live_report``, ``live_markdown`` and

@@ -38,7 +38,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         failures = [f for f in report.get("failures", []) if f.get("regime") == regime]
         out += _regime_markdown(regime, data, config, failures)
     out.append(
-        "Means over repeats (errors: summed; admission wait max and paused max: the max); "
+        "Means over repeats (errors: summed; turn max, admission wait max and paused max: "
+        "the max); "
         "counts (pauses, recomputed tokens) are per run. '-' = not measurable for that arm "
         "(stock has no admission control; builtin exposes no counters; moves and admission "
         "wait are measured by our router only)."
@@ -108,7 +109,7 @@ def _regime_markdown(
         for arm in arms:
             c = by_n(arm).get(str(n))
             if c is None:
-                out.append(f"| {arm} | not run |" + " |" * 9)
+                out.append(f"| {arm} | not run |" + " |" * 10)  # 12 columns, as the header
                 continue
             out.append(_largest_row(arm, c))
         out.append("")

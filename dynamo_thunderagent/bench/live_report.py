@@ -73,9 +73,9 @@ def steady_figures(records: Iterable[Any], start: float, stop: float) -> dict[st
     fail; a turn still waiting when the drain ended (``cancelled``) counts with its time so
     far, a lower bound, so that arms that hold turns back cannot hide their tail by never
     finishing them (``latency_censored`` counts those). ``latency_max_s``, the longest of
-    those, is the one wait every arm shows from the client's side: a router that holds
-    turns back without saying so (the ports) shows it here, as a lower bound when the turn
-    was cut off.
+    those turn latencies (its wait included), is the one figure in which every arm shows how
+    long it held a turn back: a router that does not report its waits (the ports) shows them
+    here, as a lower bound where the turn was cut off.
     """
     done = [
         r for r in records
@@ -162,7 +162,8 @@ def aggregate_cell(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One arm x N cell over its repeats.
 
     Headline values: the mean over the runs that reported the figure (``errors``: the sum;
-    ``admission_wait_max_s`` and ``paused_max``: the max); None when no run did. ``spread``
+    ``latency_max_s``, ``admission_wait_max_s``, ``admission_wait_censored_max_s`` and
+    ``paused_max``: the max); None when no run did. ``spread``
     holds mean, min, max and the values per figure. Failed runs (an ``error``) count in
     ``failed_runs`` and contribute no figures.
     """

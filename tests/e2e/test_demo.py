@@ -20,7 +20,7 @@ pytestmark = E2E_MARKS
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Figures every arm measures, and those only a scheduling arm (ours) does.
 EVERY_ARM = ("steps_per_min", "hit_rate", "recomputed_tokens", "latency_p50_s",
-             "latency_p99_s", "turns_ok", "errors")  # fmt: skip
+             "latency_p99_s", "latency_max_s", "turns_ok", "errors")  # fmt: skip
 OURS_ONLY = ("admission_wait_p50_s", "admission_wait_p99_s", "admission_wait_max_s",
              "paused_mean", "pauses", "resumes", "moves")  # fmt: skip
 

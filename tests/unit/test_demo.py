@@ -78,7 +78,8 @@ def _row(arm: str, **values: float | None) -> dict[str, object]:
 
 def test_table_prints_every_figure_per_arm_and_a_ratio_line() -> None:
     stock = _row("stock", steps_per_min=300.0, hit_rate=0.3, recomputed_tokens=1000,
-                 latency_p50_s=2.0, latency_p99_s=10.0, turns_ok=100, errors=0)  # fmt: skip
+                 latency_p50_s=2.0, latency_p99_s=10.0, latency_max_s=17.5, turns_ok=100,
+                 errors=0)  # fmt: skip
     ours = _row("ours", steps_per_min=450.0, hit_rate=0.9, recomputed_tokens=100,
                 latency_p50_s=1.0, latency_p99_s=15.0, turns_ok=150, errors=0,
                 admission_wait_p50_s=0.0, admission_wait_p99_s=9.0, admission_wait_max_s=12.0,
@@ -90,6 +91,8 @@ def test_table_prints_every_figure_per_arm_and_a_ratio_line() -> None:
     assert "agent-run mean -" in text  # no agent ran whole: no ratio, not a zero
     waiting = next(line for line in text.splitlines() if "still waiting at end" in line)
     assert waiting.split()[-2:] == ["-", "none"]  # stock cannot measure it; ours had none
+    longest = next(line for line in text.splitlines() if "longest turn" in line)
+    assert longest.split()[-2:] == ["17.50", "-"]  # every arm can measure it; ours' is unset
 
 
 def test_ratios_are_none_where_either_arm_lacks_the_figure() -> None:

@@ -371,6 +371,16 @@ def test_render_markdown_tables() -> None:
     assert "- failed: dynamo-python at N=8 (repeat 1): StackError: no model" in text
     lines = [ln for ln in text.splitlines() if ln.startswith("| ours | 80")]
     assert lines and lines[0].count("|") == 13  # 12 columns: the header has as many
+    assert "| turn p50 / p99 / max (s) |" in text
+    assert "| 1.00 / 1.00 / 1.00 |" in lines[0]  # every turn took 1 s: p50, p99 and the longest
+
+
+def test_render_markdown_arm_not_run_at_the_largest_n_keeps_the_columns() -> None:
+    report = _report()
+    del report["regimes"]["calibrated"]["arms"]["ours"]["by_n"]["8"]
+    text = live.render_markdown(report)
+    rows = [ln for ln in text.splitlines() if ln.startswith("| ours | not run")]
+    assert rows and rows[0].count("|") == 13  # as many cells as the header's 12 columns
 
 
 def test_write_plots(tmp_path: Path) -> None:
