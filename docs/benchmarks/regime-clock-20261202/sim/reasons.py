@@ -1,0 +1,53 @@
+"""Where ours' re-prefill comes from in the simulator: moves and pauses, by reason.
+
+Runs one ``bench sim`` case for arm ``ours`` (replies not reused, as the live driver does)
+and counts, through the scheduler's own decision steps, the moves of a program to another
+rank and the pauses, each by the reason the scheduler gives, with the mean context size.
+
+Usage (from the repository root):
+    .venv/bin/python docs/benchmarks/regime-clock-20261202/sim/reasons.py trace 36
+    .venv/bin/python docs/benchmarks/regime-clock-20261202/sim/reasons.py long 36 [POLICY]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from typing import Any
+
+from dynamo_thunderagent import scheduler
+from dynamo_thunderagent.bench.sim import command, run
+from dynamo_thunderagent.decisions import EventKind
+
+counts: Counter[tuple[str, str]] = Counter()
+tokens: Counter[tuple[str, str]] = Counter()
+_original = scheduler._step
+
+
+def _counting_step(d: Any, kind: EventKind, program: Any, worker: Any, reason: str,
+                   wait: float = 0.0) -> None:
+    if kind in (EventKind.MOVED, EventKind.PAUSED):
+        counts[(kind.value, reason)] += 1
+        tokens[(kind.value, reason)] += program.tokens
+    _original(d, kind, program, worker, reason, wait)
+
+
+def main() -> None:
+    workload, agents = sys.argv[1], sys.argv[2]
+    policy = sys.argv[3:4]
+    scheduler._step = _counting_step  # type: ignore[assignment]
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    args = parser.parse_args(["--workload", workload, "--agents", agents, "--arms", "ours",
+                              "--no-reuse-output"] + (["--policy", policy[0]] if policy else []))
+    spec = command.spec_from_args(args)
+    figures = run.run_one(spec.scenario, "ours", int(agents), spec.seed, spec.policy, spec.ttl_s)
+    print(f"{workload}, {agents} agents: {figures.steps_per_min:.1f} steps/min, hit rate "
+          f"{figures.hit_rate:.3f}, {figures.recomputed_tokens:,} recomputed tokens")
+    for (kind, reason), n in sorted(counts.items()):
+        print(f"  {kind:<8} {reason:<16} {n:>6}  mean context {tokens[(kind, reason)] // n:,}")
+
+
+if __name__ == "__main__":
+    main()
