@@ -7,6 +7,9 @@ rank and the pauses, each by the reason the scheduler gives, with the mean conte
 Usage (from the repository root):
     .venv/bin/python docs/benchmarks/regime-clock-20261202/sim/reasons.py trace 36
     .venv/bin/python docs/benchmarks/regime-clock-20261202/sim/reasons.py long 36 [POLICY]
+
+reasons.txt is the shipped policy's output for both, reasons-resume-below-target.txt that of
+resume-below-target.yaml.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def main() -> None:
     spec = command.spec_from_args(args)
     figures = run.run_one(spec.scenario, "ours", int(agents), spec.seed, spec.policy, spec.ttl_s)
     print(f"{workload}, {agents} agents: {figures.steps_per_min:.1f} steps/min, hit rate "
-          f"{figures.hit_rate:.3f}, {figures.recomputed_tokens:,} recomputed tokens")
+          f"{figures.hit_rate:.3f}, {figures.recomputed_tokens:,} recomputed tokens, "
+          f"{figures.forced_resumes} forced releases")
     for (kind, reason), n in sorted(counts.items()):
         print(f"  {kind:<8} {reason:<16} {n:>6}  mean context {tokens[(kind, reason)] // n:,}")
 
