@@ -73,8 +73,8 @@ Definitions of the figures (per run; see ``bench/metrics.py``)
   that started in the steady window, nearest rank; a turn still waiting when the drain ended
   counts with its time so far (a lower bound; ``latency_censored`` counts them).
   ``latency_max_s``: the longest of them (the max over repeats, as for every ``*_max`` /
-  ``*_max_s`` figure), the one figure that shows how long any arm held a turn back: the ports do not
-  report their waits.
+  ``*_max_s`` figure), the one figure that shows how long any arm held a turn back: the
+  ports do not report their waits.
 * ``agent_run_mean_s`` / ``agent_run_p90_s``: agent-run completion time, first turn sent to
   session-final answered, over the ``agent_runs`` agents that ran whole inside the run
   (warm-started agents, which began mid-program, are left out).
