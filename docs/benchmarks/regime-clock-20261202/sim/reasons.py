@@ -1,8 +1,9 @@
 """Where ours' re-prefill comes from in the simulator: moves and pauses, by reason.
 
 Runs one ``bench sim`` case for arm ``ours`` (replies not reused, as the live driver does)
-and counts, through the scheduler's own decision steps, the moves of a program to another
-rank and the pauses, each by the reason the scheduler gives, with the mean context size.
+and counts the moves of a program to another rank and the pauses, each by the reason the
+scheduler gives, with the mean context size: read from ``Decisions.steps`` (the events the
+router logs and counts) as the simulator's arm applies each decision.
 
 Usage (from the repository root):
     .venv/bin/python docs/benchmarks/regime-clock-20261202/sim/reasons.py trace 36
@@ -17,29 +18,28 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from typing import Any
 
-from dynamo_thunderagent import scheduler
 from dynamo_thunderagent.bench.sim import command, run
-from dynamo_thunderagent.decisions import EventKind
+from dynamo_thunderagent.bench.sim.arms import ProgramArm
+from dynamo_thunderagent.decisions import Decisions, EventKind
 
 counts: Counter[tuple[str, str]] = Counter()
 tokens: Counter[tuple[str, str]] = Counter()
-_original = scheduler._step
+_apply = ProgramArm._apply
 
 
-def _counting_step(d: Any, kind: EventKind, program: Any, worker: Any, reason: str,
-                   wait: float = 0.0) -> None:
-    if kind in (EventKind.MOVED, EventKind.PAUSED):
-        counts[(kind.value, reason)] += 1
-        tokens[(kind.value, reason)] += program.tokens
-    _original(d, kind, program, worker, reason, wait)
+def _counting_apply(self: ProgramArm, decisions: Decisions) -> None:
+    for event in decisions.steps:
+        if event.kind in (EventKind.MOVED, EventKind.PAUSED):
+            counts[(event.kind.value, event.reason)] += 1
+            tokens[(event.kind.value, event.reason)] += event.tokens
+    _apply(self, decisions)
 
 
 def main() -> None:
     workload, agents = sys.argv[1], sys.argv[2]
     policy = sys.argv[3:4]
-    scheduler._step = _counting_step  # type: ignore[assignment]
+    ProgramArm._apply = _counting_apply  # type: ignore[method-assign]
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
     args = parser.parse_args(["--workload", workload, "--agents", agents, "--arms", "ours",
