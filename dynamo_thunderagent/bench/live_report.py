@@ -164,8 +164,8 @@ def aggregate_cell(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     Headline values: the mean over the runs that reported the figure (``errors``: the sum;
     ``latency_max_s``, ``admission_wait_max_s``, ``admission_wait_censored_max_s`` and
     ``paused_max``: the max); None when no run did. ``spread`` holds mean, min, max and the
-    values per figure. Failed runs (an ``error``) count in
-    ``failed_runs`` and contribute no figures.
+    values per figure. Failed runs (an ``error``) count in ``failed_runs`` and contribute no
+    figures.
     """
     if not rows:
         raise ValueError("aggregate_cell needs at least one row")
