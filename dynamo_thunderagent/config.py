@@ -339,6 +339,24 @@ class EmptyParameters(_Strict):
     """For plugin types that take no parameters."""
 
 
+class ThunderAgentSelectorParameters(_Strict):
+    """The ``thunderagent`` worker selector's parameters (an extension: Dynamo's builtin
+    selector takes none, so they never appear in policies/thunderagent.yaml)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    preferred_load_slack: float | None = Field(None, ge=0.0, le=100.0)
+    """Route a turn away from the classifier's preferred worker/rank (where its program's
+    cache is) when the KV router predicts that rank costs more than ``1 +`` this times
+    the cheapest candidate for this request. The prediction (the KV router's potential
+    loads: prefill tokens it would still compute there, its own uncached ones included,
+    plus decode blocks) prices the re-prefill a move causes, so a program moves only
+    where its home is that much busier than another rank with its re-prefill counted,
+    as soft session affinity does in plain KV routing. It costs the router one load
+    prediction on every turn with a preferred rank. None (parity): a live preferred
+    worker/rank is always honoured."""
+
+
 def describe_validation_error(where: str, error: ValidationError) -> str:
     """One line per problem: ``where.key: message (got value)``."""
     lines = []

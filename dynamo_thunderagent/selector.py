@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel
 
-from dynamo_thunderagent.config import EmptyParameters
+from dynamo_thunderagent.config import EmptyParameters, ThunderAgentSelectorParameters
 from dynamo_thunderagent.program import WorkerKey
 
 
@@ -41,7 +41,7 @@ class WorkerSelector(ABC):
     # True for a selector that always routes to a live preferred worker/rank: the
     # router then skips the KV router's load prediction for such requests (one call
     # on every pinned turn's path) and asks for loads only when it must choose.
-    takes_live_preferred: ClassVar[bool] = False
+    takes_live_preferred: bool = False
 
     def __init__(self, parameters: BaseModel) -> None:
         self.parameters = parameters
@@ -58,17 +58,30 @@ class ThunderAgentSelector(WorkerSelector):
 
     Load is the KV router's active prefill tokens plus decode blocks x block
     size; ties go to the lowest (worker_id, dp_rank) so that the same loads
-    always give the same choice.
+    always give the same choice. With ``preferred_load_slack``, an eligible
+    preferred worker/rank is left for the least-loaded one when its load is more
+    than ``1 + slack`` times that one's (the loads are the KV router's predictions
+    for this request, its uncached prefill on each candidate included).
     """
 
-    takes_live_preferred: ClassVar[bool] = True
+    Parameters: ClassVar[type[BaseModel]] = ThunderAgentSelectorParameters
+
+    def __init__(self, parameters: BaseModel) -> None:
+        super().__init__(parameters)
+        self.slack = (parameters.preferred_load_slack
+                      if isinstance(parameters, ThunderAgentSelectorParameters) else None)
+        self.takes_live_preferred = self.slack is None
 
     def select(
         self, candidates: Sequence[WorkerLoad], preferred: WorkerKey | None, block_size: int
     ) -> WorkerKey:
         if not candidates:
             raise NoEligibleWorker("no live worker serves this model")
-        if preferred is not None and any(c.worker == preferred for c in candidates):
-            return preferred
         best = min(candidates, key=lambda c: (c.load_tokens(block_size), c.worker))
-        return best.worker
+        home = next((c for c in candidates if c.worker == preferred), None)
+        if home is None:
+            return best.worker
+        if self.slack is not None and (home.load_tokens(block_size)
+                                       > (1.0 + self.slack) * best.load_tokens(block_size)):
+            return best.worker
+        return home.worker

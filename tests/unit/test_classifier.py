@@ -16,7 +16,11 @@ from dynamo_thunderagent.classifier import (
     Sent,
     ThunderAgentClassifier,
 )
-from dynamo_thunderagent.config import EmptyParameters, ThunderAgentParameters
+from dynamo_thunderagent.config import (
+    EmptyParameters,
+    ThunderAgentParameters,
+    ThunderAgentSelectorParameters,
+)
 from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.selector import NoEligibleWorker, ThunderAgentSelector, WorkerLoad
 
@@ -142,6 +146,20 @@ def test_selector_breaks_ties_by_worker_and_rank() -> None:
              WorkerLoad(WorkerKey(3, 0), 5, 0)]
     assert selector().select(loads, None, 16) == WorkerKey(2, 0)
     assert selector().select(list(reversed(loads)), None, 16) == WorkerKey(2, 0)
+
+
+def test_selector_with_a_load_slack_leaves_home_only_when_it_is_that_much_busier() -> None:
+    sticky = ThunderAgentSelector(ThunderAgentSelectorParameters(preferred_load_slack=0.5))
+    assert not sticky.takes_live_preferred  # it must see the loads of every turn
+    # 1,500 against 1,000 tokens: within the slack, the program stays where its cache is
+    assert sticky.select([WorkerLoad(W0, 1_500, 0), WorkerLoad(W1, 1_000, 0)], W0, 16) == W0
+    # 1,516 against 1,000: more than 1.5x, the turn goes to the cheaper rank
+    assert sticky.select([WorkerLoad(W0, 1_500, 1), WorkerLoad(W1, 1_000, 0)], W0, 16) == W1
+    # the preferred rank is the cheapest: stays (no slack is needed)
+    assert sticky.select([WorkerLoad(W0, 0, 1), WorkerLoad(W1, 0, 2)], W0, 16) == W0
+    # without the parameter, a live preferred rank is always honoured
+    assert selector().takes_live_preferred
+    assert selector().select([WorkerLoad(W0, 9_000, 0), WorkerLoad(W1, 0, 0)], W0, 16) == W0
 
 
 def test_selector_without_candidates_says_so() -> None:

@@ -123,6 +123,27 @@ def test_unknown_parameter_error_lists_the_allowed_parameters(tmp_path: Path) ->
         load_policy(path)
 
 
+SELECTOR = ("worker_selection: {{instances: [{{name: ta, type: thunderagent, parameters: "
+            "{{preferred_load_slack: {}}}}}], aggregated: ta}}\n")
+
+
+@pytest.mark.parametrize("value", ["-0.1", "101", "'0.5'", "true"])
+def test_a_bad_preferred_load_slack_is_refused_naming_the_key(tmp_path: Path,
+                                                             value: str) -> None:
+    path = write(tmp_path, SELECTOR.format(value))
+    with pytest.raises(PolicyError, match="preferred_load_slack") as error:
+        load_policy(path)
+    assert str(path) in str(error.value)
+
+
+def test_the_selectors_parameters_are_listed_when_one_is_unknown(tmp_path: Path) -> None:
+    path = write(tmp_path, SELECTOR.replace("preferred_load_slack", "slack").format(1))
+    with pytest.raises(PolicyError, match="accepts parameters: preferred_load_slack"):
+        load_policy(path)
+    assert load_policy(write(tmp_path, SELECTOR.format(0.5))).stages[
+        "aggregated"].parameters.model_dump() == {"preferred_load_slack": 0.5}
+
+
 def test_validate_prints_resolved_config_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(DEFAULT_POLICY)]) == 0
     out = capsys.readouterr().out

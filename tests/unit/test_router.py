@@ -24,7 +24,7 @@ from dynamo_thunderagent.classifier import (
     Sent,
     ThunderAgentClassifier,
 )
-from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.config import ThunderAgentParameters, ThunderAgentSelectorParameters
 from dynamo_thunderagent.dynamo.router import ThunderAgentRouter
 from dynamo_thunderagent.program import Lifecycle, Phase, WorkerKey
 from dynamo_thunderagent.selector import ThunderAgentSelector
@@ -232,6 +232,23 @@ async def test_a_turn_pinned_to_a_live_worker_skips_the_load_query() -> None:
     await collect(h.router, turn("t", tokens=30), "r3")
     assert h.kv.load_queries == 1
     assert h.kv.requests[2]["routing"]["backend_instance_id"] == B
+
+
+async def test_with_a_load_slack_a_turn_leaves_a_home_much_busier_than_another() -> None:
+    h = Harness()
+    h.router.selector = ThunderAgentSelector(
+        ThunderAgentSelectorParameters(preferred_load_slack=0.5))
+    await collect(h.router, turn("s"), "r1")
+    assert h.program("s").worker == WorkerKey(A)
+    h.kv.loads = {A: 1_400, B: 1_000}  # within the slack: it stays where its cache is
+    await collect(h.router, turn("s", tokens=20), "r2")
+    assert h.kv.load_queries == 2  # the loads of every turn are read
+    assert h.kv.requests[1]["routing"]["backend_instance_id"] == A
+    h.kv.loads = {A: 1_600, B: 1_000}  # past it: the turn goes to B and the program with it
+    await collect(h.router, turn("s", tokens=30), "r3")
+    assert h.kv.requests[2]["routing"]["backend_instance_id"] == B
+    assert h.program("s").worker == WorkerKey(B)
+    assert h.classifier.scheduler.counters["moves"] == 1
 
 
 async def test_requests_without_a_session_pass_through_unpinned_and_untracked() -> None:

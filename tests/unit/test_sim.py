@@ -18,8 +18,15 @@ from dynamo_thunderagent.bench.sim.arms import (
     ProgramArm,
     StockArm,
     build_arm,
+    potential_loads,
 )
-from dynamo_thunderagent.bench.sim.engine import EngineConfig, EventLoop, SimRequest, Worker
+from dynamo_thunderagent.bench.sim.engine import (
+    Cluster,
+    EngineConfig,
+    EventLoop,
+    SimRequest,
+    Worker,
+)
 from dynamo_thunderagent.bench.sim.kv import SYSTEM_CHAIN, KvPool
 from dynamo_thunderagent.bench.sim.run import (
     Scenario,
@@ -127,6 +134,22 @@ def test_next_turn_is_served_from_the_previous_turns_prompt_and_reply() -> None:
     loop.run(20.0)
     assert done[1].cached_tokens == 120 // 16 * 16  # whole blocks of 100 + 20 tokens
     assert done[1].prefill_left == 0 and done[1].generated == 5
+
+
+def test_the_selector_sees_each_workers_load_as_the_kv_router_predicts_it_for_the_turn() -> None:
+    loop = EventLoop()
+    workers = [Worker(i, EngineConfig(64, 16, LINEAR), loop, lambda r: None, lambda r: None)
+               for i in range(2)]
+    workers[0].submit(_request("a", 0, 100, 20))
+    loop.run(10.0)  # a's 100 + 20 tokens are cached on worker 0, nothing runs
+    follow = _request("a", 1, 150, 5, now=loop.now)
+    home, other = potential_loads(Cluster(workers), follow)
+    # the uncached rest of its own prompt (150 - 7 cached blocks), and its 10 blocks
+    assert (home.prefill_tokens, home.decode_blocks) == (150 - 112, 10)
+    assert (other.prefill_tokens, other.decode_blocks) == (150, 10)  # a re-prefill there
+    workers[1].submit(_request("b", 0, 300, 50, system=0))  # queued or running there
+    _, busier = potential_loads(Cluster(workers), follow)
+    assert busier.prefill_tokens > 150 and busier.decode_blocks > 10
 
 
 def test_request_waits_in_the_queue_until_its_blocks_fit() -> None:

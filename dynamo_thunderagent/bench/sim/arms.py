@@ -34,9 +34,9 @@ from dynamo_thunderagent.bench.sim.engine import Cluster, SimRequest
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.catalog import Catalog, default_catalog, load_policy
 from dynamo_thunderagent.config import (
-    EmptyParameters,
     PolicyError,
     ThunderAgentParameters,
+    ThunderAgentSelectorParameters,
     parse_policy,
     with_host_tier,
 )
@@ -73,6 +73,9 @@ class ArmHost(Protocol):
 
     def reject(self, request_id: str, reason: str) -> None:
         """Fail a turn; its agent ends."""
+
+    def request(self, request_id: str) -> SimRequest:
+        """A turn sent and not yet finished or rejected."""
 
     def in_flight(self, request_id: str) -> bool:
         """The turn was dispatched and has not finished."""
@@ -159,6 +162,18 @@ def kv_route(cluster: Cluster, request: SimRequest, bound: int | None,
     if bound is not None and costs[bound] <= costs[best] * (1.0 + affinity_slack):
         return bound
     return best
+
+
+def potential_loads(cluster: Cluster, request: SimRequest) -> list[WorkerLoad]:
+    """Each worker's load as the KV router predicts it for ``request`` (Dynamo's
+    ``get_potential_loads``): the uncached prompt tokens routed there plus this request's
+    own uncached ones, and the decode blocks of every unfinished request there plus its
+    own."""
+    size = cluster.block_size
+    blocks = math.ceil(request.prompt_tokens / size)
+    return [WorkerLoad(WorkerKey(w.index, 0),
+                       w.prefill_tokens() + request.prompt_tokens - w.hit_tokens(request),
+                       w.decode_blocks() + blocks) for w in cluster.workers]
 
 
 class StockArm(Arm):
@@ -294,9 +309,8 @@ class ProgramArm(Arm):
             if release.session_final:
                 continue  # answered without a worker
             cluster = host.cluster
-            candidates = [WorkerLoad(WorkerKey(w.index, 0), w.prefill_tokens(),
-                                     w.decode_blocks()) for w in cluster.workers]
-            key = self.selector.select(candidates, release.worker, cluster.block_size)
+            key = self.selector.select(potential_loads(cluster, host.request(release.request_id)),
+                                       release.worker, cluster.block_size)
             self._apply(self.scheduler.sent(release.request_id, key, host.now()))
             host.dispatch(release.request_id, key.worker_id)
 
@@ -378,14 +392,14 @@ def build_ours(policy: str | Path | None, clock: Callable[[], float],
                           "(.scheduler); the simulator cannot drive it")
     stage = resolved.stages.get("aggregated")
     selector = (catalog.build_selector(stage) if stage is not None
-                else ThunderAgentSelector(EmptyParameters()))
+                else ThunderAgentSelector(ThunderAgentSelectorParameters()))
     return ProgramArm("ours", scheduler, selector)
 
 
 def build_upstream() -> ProgramArm:
     """The ``upstream`` arm: our scheduler with UPSTREAM_PARAMETERS (its pause rule too)."""
     return ProgramArm("upstream", Scheduler(UPSTREAM_PARAMETERS),
-                      ThunderAgentSelector(EmptyParameters()))
+                      ThunderAgentSelector(ThunderAgentSelectorParameters()))
 
 
 @dataclass(frozen=True)

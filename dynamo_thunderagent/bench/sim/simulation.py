@@ -218,6 +218,9 @@ class Simulation:
         self.errors += 1
         self._end_agent(agent, completed=False)
 
+    def request(self, request_id: str) -> SimRequest:
+        return self._requests[request_id][1]
+
     def in_flight(self, request_id: str) -> bool:
         """The turn (or background request) was dispatched and has not finished."""
         return request_id in self._dispatched or request_id in self._background
