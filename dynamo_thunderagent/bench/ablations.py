@@ -6,7 +6,8 @@ its parity default; for each extension the extended policy leaves off (:data:`LE
 ``plus_<name>.yaml`` adds it to parity and ``with_<name>.yaml`` adds it to the extended
 policy. A parameter of Dynamo's own that the extended policy sets to another value than parity
 (``resume_timeout_seconds``) gets both files too: ``plus_`` is parity with the extended value,
-``minus_`` the extended policy with parity's. ``minus_host_tier.yaml`` is the extended policy
+``minus_`` the extended policy with parity's. The worker selector's parameters that the extended policy sets get a ``plus_`` and a ``minus_``
+file the same way. ``minus_host_tier.yaml`` is the extended policy
 blind to a host KV tier: it sets ``host_kv_blocks: 0`` on purpose, so a benchmark with a tier
 does not tell it the size.
 The files in ``policies/ablations/`` are written by ``python -m
@@ -53,6 +54,28 @@ def _with_parameters(policy: dict[str, Any], parameters: dict[str, Any]) -> dict
     return out
 
 
+def _selector_parameters(policy: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of the worker-selector instance the aggregated stage uses."""
+    selection = policy.get("worker_selection") or {}
+    for instance in selection.get("instances") or []:
+        if instance.get("name") == selection.get("aggregated"):
+            return dict(instance.get("parameters") or {})
+    return {}
+
+
+def _with_selector_parameters(policy: dict[str, Any],
+                              parameters: dict[str, Any]) -> dict[str, Any]:
+    selection = dict(policy["worker_selection"])
+    instances = []
+    for instance in selection["instances"]:
+        if instance["name"] == selection["aggregated"]:
+            instance = {k: v for k, v in instance.items() if k != "parameters"}
+            if parameters:
+                instance["parameters"] = parameters
+        instances.append(instance)
+    return {**policy, "worker_selection": {**selection, "instances": instances}}
+
+
 def ablations() -> dict[str, dict[str, Any]]:
     """File stem -> policy, for every ablation (see the module docstring)."""
     parity = _load(PARITY_POLICY)
@@ -77,6 +100,12 @@ def ablations() -> dict[str, dict[str, Any]]:
     for label, tried in sorted(LEFT_OFF.items()):
         out[f"plus_{label}"] = _with_parameters(parity, {**base, **tried})
         out[f"with_{label}"] = _with_parameters(extended, {**full, **tried})
+    # The worker selector's own extensions, the same way.
+    chosen, plain = _selector_parameters(extended), _selector_parameters(parity)
+    for name in sorted(set(chosen) - set(plain)):
+        out[f"plus_{name}"] = _with_selector_parameters(parity, {**plain, name: chosen[name]})
+        out[f"minus_{name}"] = _with_selector_parameters(
+            extended, {k: v for k, v in chosen.items() if k != name})
     out["minus_host_tier"] = _with_parameters(extended, {**full, "host_kv_blocks": 0})
     return out
 

@@ -47,3 +47,26 @@ def test_an_extended_policy_without_a_parity_parameter_is_refused_by_name(
     monkeypatch.setattr(ablations_module, "EXTENDED_POLICY", short)
     with pytest.raises(ValueError, match=r"leaves out parity parameters \['session_retention"):
         ablations()
+
+
+def test_a_selector_parameter_of_the_extended_policy_has_both_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = EXTENDED_POLICY.read_text(encoding="utf-8")
+    if "preferred_load_slack" not in text:  # the test holds whether or not it is shipped
+        text = text.replace("      type: thunderagent\n", "      type: thunderagent\n"
+                            "      parameters: {preferred_load_slack: 1.0}\n")
+    extended = tmp_path / "extended.yaml"
+    extended.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(ablations_module, "EXTENDED_POLICY", extended)
+    wanted = ablations()
+    plus, minus = wanted["plus_preferred_load_slack"], wanted["minus_preferred_load_slack"]
+    [plus_selector] = plus["worker_selection"]["instances"]
+    [minus_selector] = minus["worker_selection"]["instances"]
+    assert plus_selector["parameters"]["preferred_load_slack"] > 0
+    assert "parameters" not in minus_selector
+    assert "price_moves" not in plus["request_classifier"]["parameters"]  # parity's classifier
+    assert minus["request_classifier"]["parameters"]["price_moves"] is True  # extended's
+    for stem in ("plus_preferred_load_slack", "minus_preferred_load_slack"):
+        path = tmp_path / f"{stem}.yaml"
+        path.write_text(render(wanted[stem]), encoding="utf-8")
+        load_policy(path)  # a valid policy
