@@ -6,10 +6,10 @@ its parity default; for each extension the extended policy leaves off (:data:`LE
 ``plus_<name>.yaml`` adds it to parity and ``with_<name>.yaml`` adds it to the extended
 policy. A parameter of Dynamo's own that the extended policy sets to another value than parity
 (``resume_timeout_seconds``) gets both files too: ``plus_`` is parity with the extended value,
-``minus_`` the extended policy with parity's. The worker selector's parameters that the extended policy sets get a ``plus_`` and a ``minus_``
-file the same way. ``minus_host_tier.yaml`` is the extended policy
-blind to a host KV tier: it sets ``host_kv_blocks: 0`` on purpose, so a benchmark with a tier
-does not tell it the size.
+``minus_`` the extended policy with parity's. The worker selector's parameters that the
+extended policy sets get a ``plus_`` and a ``minus_`` file the same way.
+``minus_host_tier.yaml`` is the extended policy blind to a host KV tier: it sets
+``host_kv_blocks: 0`` on purpose, so a benchmark with a tier does not tell it the size.
 The files in ``policies/ablations/`` are written by ``python -m
 dynamo_thunderagent.bench.ablations`` and a test checks that they match, so they follow the
 shipped policies instead of drifting from them.
