@@ -337,11 +337,24 @@ class ThunderAgentRouter:
                 return request, None
             return pin_request(request, side), side
         preferred = admission.preferred
-        if (preferred is not None and preferred.worker_id in live
-                and self.selector.takes_live_preferred):
-            return pin_request(request, preferred), preferred
-        loads = await self.kv_router.get_potential_loads(list(request.get("token_ids") or []))
+        home = preferred if preferred is not None and preferred.worker_id in live else None
+        if home is not None and self.selector.takes_live_preferred:
+            return pin_request(request, home), home
+        try:
+            loads = await self.kv_router.get_potential_loads(list(request.get("token_ids") or []))
+        except Exception as error:
+            if home is None:
+                raise
+            # A selector that weighs a live home against the loads: without loads, the
+            # turn goes home, as it would with a selector that never asks.
+            log.warning("router.loads_unavailable", error=repr(error), pinned=str(home))
+            self.stats.loads_unavailable += 1
+            return pin_request(request, home), home
         candidates = worker_loads(loads, live)
+        if home is not None and all(c.worker != home for c in candidates):
+            # The KV router does not know the home rank (yet): nothing to weigh it against.
+            self.stats.loads_unavailable += 1
+            return pin_request(request, home), home
         if not candidates:
             raise NoEligibleWorker("no live worker serves this model")
         target = self.selector.select(candidates, admission.preferred, self.block_size)

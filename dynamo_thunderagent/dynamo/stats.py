@@ -108,6 +108,9 @@ class RouterStats:
     orphans: int = 0
     cancelled: int = 0  # clients that left while their request waited for admission
     doctor_probes: int = 0  # session-final probes from `doctor` (within session_final)
+    # Turns sent home because the KV router's loads, which the selector weighs a home
+    # against, could not be read (preferred_load_slack).
+    loads_unavailable: int = 0
     with_session: int = 0  # requests that carried X-Dynamo-Session-ID (probes left out)
     without_session: int = 0  # requests that did not: plain KV routing, no program
     prompt_tokens: int = 0
@@ -135,7 +138,7 @@ class RouterStats:
             "admission_wait_max_s": max(waits, default=None),
             "admission_waiting": len(self.waiting),
             "admission_wait_censored_max_s": None if oldest is None else now - oldest,
-            "doctor_probes": self.doctor_probes,
+            "doctor_probes": self.doctor_probes, "loads_unavailable": self.loads_unavailable,
             "with_session": self.with_session, "without_session": self.without_session,
             "recent_with_session": recent_with, "recent_without_session": recent_without,
             "recent_window": {"requests": self.recent.limit, "seconds": self.recent.seconds},

@@ -159,7 +159,7 @@ class Harness:
         self.client = FakeClient([A, B])
         self.cards = FakeCards({str(A): model_card(blocks), str(B): model_card(blocks)})
         self.router = ThunderAgentRouter(
-            self.classifier, ThunderAgentSelector(ThunderAgentParameters()), self.kv,
+            self.classifier, ThunderAgentSelector(ThunderAgentSelectorParameters()), self.kv,
             self.client, self.cards, clock=self.clock)
         self.router.refresh_workers()
 
@@ -249,6 +249,27 @@ async def test_with_a_load_slack_a_turn_leaves_a_home_much_busier_than_another()
     assert h.kv.requests[2]["routing"]["backend_instance_id"] == B
     assert h.program("s").worker == WorkerKey(B)
     assert h.classifier.scheduler.counters["moves"] == 1
+
+
+async def test_with_a_load_slack_a_turn_goes_home_when_the_loads_cannot_be_weighed() -> None:
+    h = Harness()
+    h.router.selector = ThunderAgentSelector(
+        ThunderAgentSelectorParameters(preferred_load_slack=0.5))
+    await collect(h.router, turn("s"), "r1")
+    assert h.program("s").worker == WorkerKey(A)
+    h.kv.loads = {B: 0}  # the KV router does not list the home rank
+    await collect(h.router, turn("s", tokens=20), "r2")
+    assert h.kv.requests[1]["routing"]["backend_instance_id"] == A
+
+    async def broken(token_ids: list[int]) -> list[dict[str, int]]:
+        raise RuntimeError("kv router unavailable")
+
+    h.kv.get_potential_loads = broken  # type: ignore[method-assign]
+    chunks = await collect(h.router, turn("s", tokens=30), "r3")
+    assert h.kv.requests[2]["routing"]["backend_instance_id"] == A
+    assert chunks[-1]["finish_reason"] == "length"  # served, not failed
+    assert h.router.stats.loads_unavailable == 2
+    assert h.program("s").worker == WorkerKey(A) and h.program("s").steps == 3
 
 
 async def test_requests_without_a_session_pass_through_unpinned_and_untracked() -> None:
