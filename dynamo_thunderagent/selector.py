@@ -1,4 +1,5 @@
-"""The worker-selector role: honour the classifier's choice, else least loaded.
+"""The worker-selector role: honour the classifier's choice, else least loaded (with a
+load slack, also least loaded where the choice is priced far above it).
 
 A selector sees the eligible candidates (live workers/ranks serving the model,
 with the KV router's load predictions) and the classifier's preferred

@@ -54,7 +54,7 @@ def aiperf() -> str:
 
 
 @pytest.mark.parametrize("arm", ["stock", "ours"])
-def test_aiperf_completes_every_request_and_ours_keeps_each_session_on_one_worker(
+def test_aiperf_completes_every_request_and_ours_moves_sessions_only_by_the_selector(
         arm: str, aiperf: str, tmp_path: Path) -> None:
     from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
 
@@ -77,13 +77,13 @@ def test_aiperf_completes_every_request_and_ours_keeps_each_session_on_one_worke
     assert state["router"]["aborted"] == state["router"]["rejected"] == 0, state
     assert state["tracked_requests"] == 0 and state["in_flight"] == 0, state
     assert state["waiting_for_room"] == 0, state
-    # One program per conversation. A program changed worker/rank only where the selector's
-    # load slack sent one of its turns away from a home the KV router priced at more than
-    # twice another rank (the extended policy's preferred_load_slack): no resume or
-    # re-placement moved one.
+    # One program per conversation. No resume or re-placement moved one: a program changes
+    # worker/rank here only when one of its turns is served elsewhere than it preferred,
+    # which the extended policy's preferred_load_slack does where the KV router prices the
+    # home at more than twice another rank (with this light load, a few turns a run).
     assert state["programs"] == ONE_TURN.conversations + MULTI_TURN.conversations, state
     assert set(moves) <= {"served_elsewhere"}, moves
-    assert sum(moves.values()) == state["counters"]["moves"], (moves, state)
+    assert state["programs_moved"] <= MULTI_TURN.conversations // 2, state
 
 
 def test_aiperf_agentic_code_sessions_end_cleanly_on_ours_in_the_calibrated_regime(

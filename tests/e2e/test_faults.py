@@ -55,10 +55,14 @@ pytestmark = E2E_MARKS
 EXTENDED = REPO_ROOT / "policies" / "thunderagent-extended.yaml"
 
 
-def extended_policy(path: Path, **overrides: Any) -> Path:
-    """The shipped extended policy with some parameters changed."""
+def extended_policy(path: Path, *, selector_slack: bool = True, **overrides: Any) -> Path:
+    """The shipped extended policy with some parameters changed (``selector_slack=False``:
+    its worker selector always honours a live preferred rank)."""
     data = yaml.safe_load(EXTENDED.read_text(encoding="utf-8"))
     data["request_classifier"]["parameters"].update(overrides)
+    if not selector_slack:
+        for instance in data["worker_selection"]["instances"]:
+            instance.pop("parameters", None)
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     return path
 
@@ -163,8 +167,12 @@ async def test_dp_ranks_honour_the_preferred_rank_and_survive_a_killed_worker(
         tmp_path: Path) -> None:
     import openai
 
+    # The selector's load slack would send some turns to another rank by choice; this case
+    # checks that the rank a turn is pinned to is the rank that serves it.
+    policy = extended_policy(tmp_path / "policy.yaml", selector_slack=False,
+                             scheduler_interval_seconds=0.5)
     stack_cm = start_stack(tmp_path, mocker_args=["--data-parallel-size", "2"],
-                           speedup_ratio=2.0)
+                           speedup_ratio=2.0, policy=policy)
     with stack_cm as stack:
         await asyncio.to_thread(
             wait_for_state, stack,

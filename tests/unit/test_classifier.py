@@ -157,6 +157,11 @@ def test_selector_with_a_load_slack_leaves_home_only_when_it_is_that_much_busier
     assert sticky.select([WorkerLoad(W0, 1_500, 1), WorkerLoad(W1, 1_000, 0)], W0, 16) == W1
     # the preferred rank is the cheapest: stays (no slack is needed)
     assert sticky.select([WorkerLoad(W0, 0, 1), WorkerLoad(W1, 0, 2)], W0, 16) == W0
+    # a preferred rank that is not a candidate: the least loaded, as without the slack
+    assert sticky.select([WorkerLoad(W1, 5, 0)], W0, 16) == W1
+    # an idle rank against any load at home: the home is more than 1.5x of nothing
+    assert sticky.select([WorkerLoad(W0, 1, 0), WorkerLoad(W1, 0, 0)], W0, 16) == W1
+    assert sticky.select([WorkerLoad(W0, 0, 0), WorkerLoad(W1, 0, 0)], W0, 16) == W0
     # without the parameter, a live preferred rank is always honoured
     assert selector().takes_live_preferred
     assert selector().select([WorkerLoad(W0, 9_000, 0), WorkerLoad(W1, 0, 0)], W0, 16) == W0

@@ -309,8 +309,12 @@ class ProgramArm(Arm):
             if release.session_final:
                 continue  # answered without a worker
             cluster = host.cluster
-            key = self.selector.select(potential_loads(cluster, host.request(release.request_id)),
-                                       release.worker, cluster.block_size)
+            if not release.tracked and release.worker is not None:
+                key = release.worker  # a turn alongside its session's: pinned, as live
+            else:
+                key = self.selector.select(
+                    potential_loads(cluster, host.request(release.request_id)),
+                    release.worker, cluster.block_size)
             self._apply(self.scheduler.sent(release.request_id, key, host.now()))
             host.dispatch(release.request_id, key.worker_id)
 
