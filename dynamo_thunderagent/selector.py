@@ -41,7 +41,9 @@ class WorkerSelector(ABC):
     Parameters: ClassVar[type[BaseModel]] = EmptyParameters
     # True for a selector that always routes to a live preferred worker/rank: the
     # router then skips the KV router's load prediction for such requests (one call
-    # on every pinned turn's path) and asks for loads only when it must choose.
+    # on every pinned turn's path) and asks for loads only when it must choose. A
+    # selector that says False is asked with the loads; where the router cannot read
+    # them, or they leave out the live preferred rank, it sends the turn there itself.
     takes_live_preferred: bool = False
 
     def __init__(self, parameters: BaseModel) -> None:

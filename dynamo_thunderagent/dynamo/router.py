@@ -346,8 +346,11 @@ class ThunderAgentRouter:
             if home is None:
                 raise
             # A selector that weighs a live home against the loads: without loads, the
-            # turn goes home, as it would with a selector that never asks.
-            log.warning("router.loads_unavailable", error=repr(error), pinned=str(home))
+            # turn goes home, as it would with a selector that never asks. Logged for the
+            # first such turn and every 1,000th after (the count is in /state).
+            if self.stats.loads_unavailable % 1000 == 0:
+                log.warning("router.loads_unavailable", error=repr(error), pinned=str(home),
+                            turns_so_far=self.stats.loads_unavailable + 1)
             self.stats.loads_unavailable += 1
             return pin_request(request, home), home
         candidates = worker_loads(loads, live)

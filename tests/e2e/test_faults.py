@@ -169,7 +169,7 @@ async def test_dp_ranks_honour_the_preferred_rank_and_survive_a_killed_worker(
 
     # The selector's load slack would send some turns to another rank by choice; this case
     # checks that the rank a turn is pinned to is the rank that serves it.
-    policy = extended_policy(tmp_path / "policy.yaml", selector_slack=False,
+    policy = extended_policy(tmp_path / "no-slack.yaml", selector_slack=False,
                              scheduler_interval_seconds=0.5)
     stack_cm = start_stack(tmp_path, mocker_args=["--data-parallel-size", "2"],
                            speedup_ratio=2.0, policy=policy)

@@ -18,4 +18,4 @@ without=policies/ablations/minus_preferred_load_slack.yaml
   done
   echo "## toy agents, KV x2, with the slack (shipped)"
   "${sim[@]}" --arms ours --regime cheap-recompute --workload synthetic --blocks 2816 --agents 70
-} 2>/dev/null | grep -E '^(##|\| [0-9]+ \| (stock|ours) )'
+} 2>/dev/null | grep -E '^(##|\| [0-9]+ \| (stock|ours) |\| [0-9]+ \| [0-9.]+ \| )'
