@@ -234,12 +234,18 @@ async def test_a_turn_pinned_to_a_live_worker_skips_the_load_query() -> None:
     assert h.kv.requests[2]["routing"]["backend_instance_id"] == B
 
 
-async def test_with_a_load_slack_a_turn_leaves_a_home_much_busier_than_another() -> None:
+async def slack_harness() -> Harness:
+    """A router whose selector has a load slack of 0.5, after session "s"'s first turn on A."""
     h = Harness()
     h.router.selector = ThunderAgentSelector(
         ThunderAgentSelectorParameters(preferred_load_slack=0.5))
     await collect(h.router, turn("s"), "r1")
     assert h.program("s").worker == WorkerKey(A)
+    return h
+
+
+async def test_with_a_load_slack_a_turn_leaves_a_home_much_busier_than_another() -> None:
+    h = await slack_harness()
     h.kv.loads = {A: 1_400, B: 1_000}  # within the slack: it stays where its cache is
     await collect(h.router, turn("s", tokens=20), "r2")
     assert h.kv.load_queries == 2  # the loads of every turn are read
@@ -252,11 +258,7 @@ async def test_with_a_load_slack_a_turn_leaves_a_home_much_busier_than_another()
 
 
 async def test_with_a_load_slack_a_turn_goes_home_when_the_loads_cannot_be_weighed() -> None:
-    h = Harness()
-    h.router.selector = ThunderAgentSelector(
-        ThunderAgentSelectorParameters(preferred_load_slack=0.5))
-    await collect(h.router, turn("s"), "r1")
-    assert h.program("s").worker == WorkerKey(A)
+    h = await slack_harness()
     h.kv.loads = {B: 0}  # the KV router does not list the home rank
     await collect(h.router, turn("s", tokens=20), "r2")
     assert h.kv.requests[1]["routing"]["backend_instance_id"] == A
