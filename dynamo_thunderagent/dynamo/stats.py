@@ -109,7 +109,7 @@ class RouterStats:
     cancelled: int = 0  # clients that left while their request waited for admission
     doctor_probes: int = 0  # session-final probes from `doctor` (within session_final)
     # Turns sent home because the KV router's loads, which the selector weighs a home
-    # against, could not be read (preferred_load_slack).
+    # against, could not be read or left the home rank out (preferred_load_slack).
     loads_unavailable: int = 0
     with_session: int = 0  # requests that carried X-Dynamo-Session-ID (probes left out)
     without_session: int = 0  # requests that did not: plain KV routing, no program
