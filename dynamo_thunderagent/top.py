@@ -202,6 +202,12 @@ def _summary(state: dict[str, Any], url: str) -> Text:
     if reloads:
         line.append(f" (reloads ok {reloads.get('ok', 0)}, invalid {reloads.get('invalid', 0)}, "
                     f"needs restart {reloads.get('needs_restart', 0)})")
+    selector = (policy.get("worker_selection") or {}).get("aggregated")
+    if selector:
+        settings = ", ".join(f"{key} {value}" for key, value
+                             in (selector.get("parameters") or {}).items() if value is not None)
+        line.append(f"  selector {selector.get('type', '?')}"
+                    f"{f' ({settings})' if settings else ''}")
     line.append("\n")
     p99 = router.get("admission_wait_p99_s")
     line.append(

@@ -131,8 +131,11 @@ class PolicyReloader:
         return plan
 
     def state(self) -> dict[str, Any]:
-        """The ``policy`` part of the router's /state."""
-        return {"source": self.path, "reloads": dict(self.reloads), "last_reload": self.last}
+        """The ``policy`` part of the router's /state: its file, the reloads, and the worker
+        selection it runs (types and parameters, defaults filled in; fixed until a restart,
+        while the classifier's parameters show in ``scheduler.parameters``)."""
+        return {"source": self.path, "reloads": dict(self.reloads), "last_reload": self.last,
+                "worker_selection": self.policy.describe().get("worker_selection")}
 
     async def watch(self, interval: float = 1.0) -> None:
         """Reload whenever the file changes (its size, modification time or inode)."""

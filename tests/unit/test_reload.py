@@ -140,6 +140,21 @@ def test_reload_applies_a_new_pause_threshold(tmp_path: Path) -> None:
     assert reloader.state()["last_reload"]["message"] == "applied pause_threshold: 0.9 -> 0.85"
 
 
+def test_state_shows_the_worker_selection_it_runs_and_keeps_it_until_a_restart(
+        tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY.replace("{{name: ta, type: thunderagent}}", "{{name: ta, type: "
+                                   "thunderagent, parameters: {{preferred_load_slack: 1.0}}}}")
+                    .format(type="thunderagent", threshold=0.9), encoding="utf-8")
+    reloader, _ = _reloader(path)
+    running = {"aggregated": {"instance": "ta", "type": "thunderagent",
+                              "parameters": {"preferred_load_slack": 1.0}}}
+    assert reloader.state()["worker_selection"] == running
+    _write(path, 0.9)  # the slack dropped: a selector change, refused until a restart
+    assert reloader.reload().result == "needs_restart"
+    assert reloader.state()["worker_selection"] == running
+
+
 def test_an_invalid_file_keeps_the_old_policy_with_validates_message(tmp_path: Path) -> None:
     path = _write(tmp_path / "policy.yaml", 0.9)
     reloader, classifier = _reloader(path)

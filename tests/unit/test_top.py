@@ -49,7 +49,10 @@ def canned_state(now: float = NOW) -> dict[str, Any]:
         "router": RouterStats(requests=5, completed=3).as_dict(now),
         "in_flight": 0, "live_workers": [W0.worker_id, W1.worker_id],
         "policy": {"source": "policies/thunderagent.yaml",
-                   "reloads": {"ok": 2, "invalid": 1, "needs_restart": 0}, "last_reload": None},
+                   "reloads": {"ok": 2, "invalid": 1, "needs_restart": 0}, "last_reload": None,
+                   "worker_selection": {"aggregated": {
+                       "instance": "ta", "type": "thunderagent",
+                       "parameters": {"preferred_load_slack": 1.0}}}},
         "lifecycle": notifier.state(),
     }
 
@@ -62,6 +65,7 @@ def test_the_view_shows_ranks_against_thresholds_programs_waits_and_decisions() 
     assert "pause above 90%, resume below 80%" in screen
     assert "7587/0" in screen and "1,000" in screen and "900" in screen  # capacity, pause at
     assert "reloads ok 2, invalid 1" in screen
+    assert "selector thunderagent (preferred_load_slack 1.0)" in screen
     assert "(forced 0, let in while evicting 0)" in screen  # hold_max_cache_loss's counter
     assert "(0 aging, +0 idle)" in screen  # aging_makes_room's pauses are among the pauses
     assert "agent-d" in screen and "12.5s" in screen  # the waiting turn and its wait
