@@ -325,7 +325,7 @@ class PreparedRegime:
         if self.work_dir is None:
             raise ValueError("a regime with a host tier or a policy clock needs a work_dir for "
                              "the policies it derives (prepare_regime gives one)")
-        out = self.work_dir / arm.label  # one folder per arm: copies of equal names collide
+        out = self.work_dir / arm.folder  # one folder per arm: copies of equal names collide
         if tier:
             policy = policy_with_host_tier(policy, self.host_blocks, out)
         if clock:

@@ -62,6 +62,12 @@ class ArmSpec:
     def arm(self) -> Arm:
         return arm_named(self.base)
 
+    @property
+    def folder(self) -> str:
+        """The label as a file name: ``ours:slack`` -> ``ours-slack`` (a colon is no part of a
+        portable path, nor anything but letters, digits, ``.``, ``_`` and ``-``)."""
+        return re.sub(r"[^A-Za-z0-9._-]", "-", self.label)
+
     def describe(self) -> dict[str, Any]:
         return {"label": self.label, "base": self.base, "policy": relative_path(self.policy)}
 
