@@ -172,19 +172,20 @@ class ResolvedPolicy:
     stages: dict[str, ResolvedComponent]
 
     def describe(self) -> dict[str, Any]:
-        """The resolved configuration, defaults filled in, as plain data."""
+        """The resolved configuration, defaults filled in, as plain data (JSON types: a
+        plugin's parameter that is a path or an enum comes out as its string)."""
         out: dict[str, Any] = {"source": self.source}
         if self.classifier is not None:
             out["request_classifier"] = {
                 "type": self.classifier.type,
-                "parameters": self.classifier.parameters.model_dump(),
+                "parameters": self.classifier.parameters.model_dump(mode="json"),
             }
         if self.stages:
             out["worker_selection"] = {
                 stage: {
                     "instance": comp.name,
                     "type": comp.type,
-                    "parameters": comp.parameters.model_dump(),
+                    "parameters": comp.parameters.model_dump(mode="json"),
                 }
                 for stage, comp in self.stages.items()
             }

@@ -120,6 +120,7 @@ def test_the_calibrated_regime_runs_every_router_on_its_clock(tmp_path: Path) ->
     assert prepared.policy_for(ArmSpec("stock", "stock")) is None  # no policy to scale
     variant = prepared.policy_for(ArmSpec("ours:v", "ours", EXTENDED_POLICY))
     assert variant is not None and variant.parent.name == "ours-v"  # no colon in a path
+    assert ArmSpec("ours:a+b", "ours").folder != ArmSpec("ours:a-b", "ours").folder
     port = prepared.router_args_for(ArmSpec("dynamo-python", "dynamo-python"))
     assert port == [f"{flag}={seconds * clock:g}" for flag, seconds in PYTHON_PORT_SECONDS.items()]
     assert "--scheduler-interval-seconds=1.25" in port

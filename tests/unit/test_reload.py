@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from argparse import Namespace
@@ -11,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 from dynamo_thunderagent.catalog import builtin_catalog, load_policy
 from dynamo_thunderagent.classifier import ThunderAgentClassifier
@@ -19,6 +21,7 @@ from dynamo_thunderagent.costs import EngineCosts, MeasuredRecompute, TurnTiming
 from dynamo_thunderagent.dynamo.reload import PolicyReloader, plan_reload
 from dynamo_thunderagent.dynamo.serve import _operate
 from dynamo_thunderagent.program import Lifecycle
+from dynamo_thunderagent.selector import ThunderAgentSelector
 
 from .conftest import W0, W1, Harness, make
 
@@ -153,6 +156,29 @@ def test_state_shows_the_worker_selection_it_runs_and_keeps_it_until_a_restart(
     _write(path, 0.9)  # the slack dropped: a selector change, refused until a restart
     assert reloader.reload().result == "needs_restart"
     assert reloader.state()["worker_selection"] == running
+
+
+class _PathParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    table: Path = Path("weights.json")
+
+
+class _PathSelector(ThunderAgentSelector):
+    Parameters = _PathParameters
+
+
+def test_state_is_json_with_a_plugin_selector_whose_parameter_is_a_path(tmp_path: Path) -> None:
+    catalog = builtin_catalog()
+    catalog.worker_selectors.register("pathy", _PathSelector)
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY.format(type="thunderagent", threshold=0.9).replace(
+        "type: thunderagent}", "type: pathy, parameters: {table: w.json}}"), encoding="utf-8")
+    policy = load_policy(path, catalog)
+    assert policy.classifier is not None
+    classifier = catalog.build_classifier(policy.classifier)
+    reloader = PolicyReloader(path, catalog, policy, classifier)
+    state = json.loads(json.dumps(reloader.state()))  # /state serves it with json.dumps
+    assert state["worker_selection"]["aggregated"]["parameters"] == {"table": "w.json"}
 
 
 def test_an_invalid_file_keeps_the_old_policy_with_validates_message(tmp_path: Path) -> None:
