@@ -48,7 +48,7 @@ def canned_state(now: float = NOW) -> dict[str, Any]:
         "scheduler": {**scheduler.snapshot(now), "deferred_requests": 1},
         "router": RouterStats(requests=5, completed=3).as_dict(now),
         "in_flight": 0, "live_workers": [W0.worker_id, W1.worker_id],
-        "policy": {"source": "policies/thunderagent.yaml",
+        "policy": {"source": "policies/thunderagent-extended.yaml",
                    "reloads": {"ok": 2, "invalid": 1, "needs_restart": 0}, "last_reload": None,
                    "worker_selection": {"aggregated": {
                        "instance": "ta", "type": "thunderagent",
@@ -59,7 +59,7 @@ def canned_state(now: float = NOW) -> dict[str, Any]:
 
 def test_the_view_shows_ranks_against_thresholds_programs_waits_and_decisions() -> None:
     state = canned_state()
-    console = Console(record=True, width=160, color_system=None)
+    console = Console(record=True, width=200, color_system=None)
     console.print(render(state, url="http://127.0.0.1:8090/state", now=NOW + 2))
     screen = console.export_text()
     assert "pause above 90%, resume below 80%" in screen
