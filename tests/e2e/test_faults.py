@@ -127,9 +127,11 @@ async def agents_running(
 
 
 async def agent_turns(client: Any, session: str, stop: asyncio.Event, outcomes: Outcomes,
-                      served: Callable[[dict[str, Any]], None], *, max_tokens: int) -> None:
+                      served: Callable[[dict[str, Any]], None] | None = None, *,
+                      max_tokens: int, retry_after: float = 0.2) -> None:
     """One agent's turns until ``stop``: each reply's routing data (its worker id and dp
-    rank) goes to ``served``; a failed turn is recorded and the agent tries again."""
+    rank) goes to ``served``, if given; a failed turn is recorded and the agent tries again
+    ``retry_after`` seconds later."""
     import openai
 
     turn = 0
@@ -141,10 +143,11 @@ async def agent_turns(client: Any, session: str, stop: asyncio.Event, outcomes: 
                 extra_headers={SESSION: session})
         except openai.APIError as error:
             outcomes.record_error(error)
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(retry_after)
             continue
         outcomes.ok += 1
-        served((reply.model_extra or {})["nvext"]["engine_data"]["thunderagent"])
+        if served is not None:
+            served((reply.model_extra or {})["nvext"]["engine_data"]["thunderagent"])
         turn += 1
         await asyncio.sleep(0.05)
 
@@ -344,8 +347,6 @@ async def test_a_worker_replaced_mid_load_takes_new_programs_and_loses_nothing(
 # ---- the router killed and restarted -------------------------------------------------------
 async def test_router_killed_and_restarted_mid_load_serves_again_with_a_fresh_table(
         tmp_path: Path) -> None:
-    import openai
-
     with start_stack(tmp_path) as stack:
         await asyncio.to_thread(wait_until_ready, stack, 2)
         client = async_client(stack, timeout=30)
@@ -353,19 +354,7 @@ async def test_router_killed_and_restarted_mid_load_serves_again_with_a_fresh_ta
         stop = asyncio.Event()
 
         async def agent(session: str) -> None:
-            turn = 0
-            while not stop.is_set():
-                try:
-                    await client.chat.completions.create(
-                        model=MODEL, max_tokens=16,
-                        messages=[{"role": "user", "content": turn_text(session, turn)}],
-                        extra_headers={SESSION: session})
-                    outcomes.ok += 1
-                    turn += 1
-                except openai.APIError as error:
-                    outcomes.record_error(error)
-                    await asyncio.sleep(0.3)
-                await asyncio.sleep(0.05)
+            await agent_turns(client, session, stop, outcomes, max_tokens=16, retry_after=0.35)
 
         sessions = [f"restart-{i}" for i in range(4)]
         async with agents_running(agent, sessions, client, stop, timeout=60):
