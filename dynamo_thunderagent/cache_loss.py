@@ -12,6 +12,11 @@ Only what the engine must have kept counts: the previous *prompt*, rounded down 
 blocks (engines cache full blocks; generated tokens are not always reusable, e.g. the
 mocker's), and only when the new prompt is at least as long (a compaction starts a new
 prefix and expects nothing). Pure: callers pass every figure in.
+
+The same meter, fed with the turns of paused programs resumed on the rank they were paused
+on, says whether pausing saves anything there (:func:`keeps_paused`): an engine that gives
+a paused program its prompt back (a host KV tier behind the GPU pool, or more room than
+its capacity card says) would have kept it without the pause.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dynamo_thunderagent.program import WorkerKey
+
+# Resumes a rank must have shown before :func:`keeps_paused` trusts what they found.
+KEEPS_PAUSED_MIN_RESUMES = 20
 
 
 @dataclass
@@ -59,6 +67,11 @@ class CacheLossMeter:
             return None
         return sums.lost / sums.expected
 
+    def turns(self, worker: WorkerKey) -> int:
+        """Turns observed on ``worker`` so far."""
+        sums = self._ranks.get(worker)
+        return 0 if sums is None else sums.turns
+
     def forget(self, worker: WorkerKey) -> None:
         """``worker`` left: its engine's cache left with it."""
         self._ranks.pop(worker, None)
@@ -75,3 +88,18 @@ def expected_cached(previous_prompt_tokens: int, prompt_tokens: int, block_size:
     if previous_prompt_tokens <= 0 or prompt_tokens < previous_prompt_tokens or block_size <= 0:
         return 0
     return (previous_prompt_tokens // block_size) * block_size
+
+
+def keeps_paused(resumed: CacheLossMeter, continuing: CacheLossMeter, worker: WorkerKey,
+                 max_loss: float, min_resumes: int) -> bool:
+    """Whether ``worker``'s engine keeps what a pause there would save
+    (``pause_min_resume_loss``): paused programs resumed on it lost less than ``max_loss``
+    of the prompt they left cached (over at least ``min_resumes`` such turns, the recent
+    ones weighing most), and continuing turns there lose less than that too, so the room
+    it holds is not running out now. Either meter's loss rising ends it."""
+    if resumed.turns(worker) < min_resumes:
+        return False
+    paused_loss = resumed.loss_ratio(worker)
+    running_loss = continuing.loss_ratio(worker)
+    return (paused_loss is not None and paused_loss < max_loss
+            and (running_loss is None or running_loss < max_loss))

@@ -162,6 +162,17 @@ class ThunderAgentParameters(_Strict):
     A release adds to the overfill, so where re-prefill is dear the pause rule gets that
     long to drain the rank first. Pauses themselves go on: where they bring a rank back
     under its capacity, holding pays again. None (parity): turns wait for room."""
+    pause_min_resume_loss: float | None = Field(None, gt=0.0, le=1.0)
+    """Pause and hold back only where the engine would lose what a pause keeps: a
+    worker/rank where paused programs, resumed there, came back with more than ``1 -
+    this`` of the prompt they left cached (over at least 20 such turns, the recent ones
+    weighing most), and where continuing turns lose less than this share too, keeps them
+    anyway (a host KV tier, vLLM's CPU offload, LMCache, or more room than its capacity
+    card says; cache_loss.py). There the pause rule pauses nothing and, once its programs
+    hold more than its capacity, waiting turns run as for ``hold_max_cache_loss``. Either
+    loss reaching this share ends it. The tier needs no ``host_kv_blocks`` to be found
+    this way; that parameter still prices it from the first turn. None (parity): our
+    usage alone decides."""
     shared_prefix_accounting: bool = False
     """Count KV blocks shared by several programs on a worker/rank (a common system
     prompt) once, from the leading block hashes of each request."""

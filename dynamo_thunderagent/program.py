@@ -183,6 +183,9 @@ class Program:
     # The prompt of its last completed turn, expected cached on ``worker`` while it has been
     # neither paused nor moved since (0: nothing expected); see cache_loss.py.
     resident_prompt_tokens: int = 0
+    # The prompt it left cached when it was last paused, until its next turn is released
+    # (0: none, or it moved since); see cache_loss.keeps_paused.
+    paused_prompt_tokens: int = 0
 
     @property
     def is_new(self) -> bool:
@@ -220,6 +223,9 @@ class TrackedRequest:
     # Prefix tokens the engine should still hold for this turn (its program's last prompt,
     # when it runs where that ran and was not paused since; 0: none); see cache_loss.py.
     expected_cached: int = 0
+    # Of that, for a paused program's turn resumed where it was paused: the prompt it left
+    # there (0: none); see cache_loss.keeps_paused.
+    expected_after_pause: int = 0
 
 
 @dataclass(frozen=True, slots=True)

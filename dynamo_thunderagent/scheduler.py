@@ -32,7 +32,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dynamo_thunderagent.cache_loss import CacheLossMeter, expected_cached
+from dynamo_thunderagent.cache_loss import (
+    KEEPS_PAUSED_MIN_RESUMES,
+    CacheLossMeter,
+    expected_cached,
+    keeps_paused,
+)
 from dynamo_thunderagent.capacity import Capacity, CapacityCard, UsageModel
 from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.costs import (
@@ -84,6 +89,9 @@ class Scheduler:
         # What the engines lost of the cache continuing turns expected: does an engine
         # evict at all where our usage says it is full? (Kept across reloads.)
         self.cache_loss = CacheLossMeter()
+        # What paused programs found of their prompt when they resumed where they had run:
+        # does a pause save anything there (pause_min_resume_loss)? (Kept across reloads.)
+        self.resume_loss = CacheLossMeter()
         self._build_seams(params, cost_model(params.pause_min_recompute_ratio))
         self._released = 0  # tracked requests released and not yet ended
         self.counters = {"pauses": 0, "idle_pauses": 0, "resumes": 0, "forced_resumes": 0,
@@ -114,7 +122,8 @@ class Scheduler:
         self.host_tier: HostTierCosts | None = None
         if params.host_kv_blocks:
             self.costs = self.host_tier = HostTierCosts(self.costs)
-        self.pause_rule = pause_rule(params, self.usage_model, self.costs, self.cache_loss)
+        self.pause_rule = pause_rule(params, self.usage_model, self.costs, self.cache_loss,
+                                     self.resume_loss)
         self.planner = ResumePlanner(params, self.costs)
 
     def reconfigure(self, params: ThunderAgentParameters) -> None:
@@ -158,6 +167,7 @@ class Scheduler:
         self.capacity.update(live_worker_ids, cards)
         for worker in before.keys() - self.capacity.known.keys():
             self.cache_loss.forget(worker)
+            self.resume_loss.forget(worker)
         d = Decisions()
         if now is not None and any(
             cap > before.get(worker, 0) for worker, cap in self.capacity.known.items()
@@ -355,6 +365,11 @@ class Scheduler:
             request.expected_cached = expected_cached(
                 program.resident_prompt_tokens, request.input_tokens,
                 self.capacity.block_size(worker))
+            if program.paused_prompt_tokens:  # paused since its last turn, back home
+                request.expected_after_pause = expected_cached(
+                    program.paused_prompt_tokens, request.input_tokens,
+                    self.capacity.block_size(worker))
+        program.paused_prompt_tokens = 0
         self._released += 1
         program.deferred_since = None
         if program.active_since is None:
@@ -388,6 +403,7 @@ class Scheduler:
             program.moves += 1
             self.counters["moves"] += 1
             program.resident_prompt_tokens = 0  # its cache stays behind
+            program.paused_prompt_tokens = 0
         with self.table.changing(program):
             program.worker = worker
         if moving:
@@ -467,8 +483,12 @@ class Scheduler:
         del self.table.requests[request_id]
         self._released -= 1
         program = self.table.programs[request.session_id]
-        if cached_tokens is not None and request.expected_cached and program.worker is not None:
-            self.cache_loss.observe(program.worker, request.expected_cached, cached_tokens)
+        if cached_tokens is not None and program.worker is not None:
+            if request.expected_cached:
+                self.cache_loss.observe(program.worker, request.expected_cached, cached_tokens)
+            if request.expected_after_pause:
+                self.resume_loss.observe(program.worker, request.expected_after_pause,
+                                         cached_tokens)
         program.resident_prompt_tokens = request.input_tokens
         program.current = None
         program.steps += 1
@@ -611,6 +631,10 @@ class Scheduler:
             reason = PauseReason.PRESSURE
         with self.table.changing(program):
             program.lifecycle = Lifecycle.PAUSED
+        # What it leaves cached: whether it finds that again when it resumes here says
+        # whether the pause saved anything (pause_min_resume_loss).
+        if program.resident_prompt_tokens:
+            program.paused_prompt_tokens = program.resident_prompt_tokens
         program.resident_prompt_tokens = 0  # the engine may now evict it
         program.marked_for_pause = program.marked_for_aged = False
         program.active_since = None
@@ -674,17 +698,26 @@ class Scheduler:
         return d
 
     def _evicting_anyway(self) -> frozenset[WorkerKey]:
-        """Ranks whose engine evicts whatever is held back (``hold_max_cache_loss``): their
-        programs hold more than the capacity, and the engine lost at least that share of
-        what continuing turns expected cached there."""
+        """Ranks where holding a turn back keeps no cache: their programs hold more than
+        the capacity, and the engine either evicts whatever is held back (it lost at least
+        ``hold_max_cache_loss`` of what continuing turns expected cached there) or keeps it
+        anyway (``pause_min_resume_loss``, :meth:`keeps_paused`)."""
         limit = self.params.hold_max_cache_loss
-        if limit is None:
+        if limit is None and self.params.pause_min_resume_loss is None:
             return frozenset()
         usage = self.table.usage_by_rank
         return frozenset(
             worker for worker, cap in self.capacity.known.items()
             if usage.get(worker, 0.0) > cap
-            and (loss := self.cache_loss.loss_ratio(worker)) is not None and loss >= limit)
+            and ((limit is not None and (loss := self.cache_loss.loss_ratio(worker)) is not None
+                  and loss >= limit) or self.keeps_paused(worker)))
+
+    def keeps_paused(self, worker: WorkerKey) -> bool:
+        """Whether ``worker``'s engine keeps what a pause there would save
+        (``pause_min_resume_loss``; False without it)."""
+        limit = self.params.pause_min_resume_loss
+        return limit is not None and keeps_paused(self.resume_loss, self.cache_loss, worker,
+                                                  limit, KEEPS_PAUSED_MIN_RESUMES)
 
     # ---- the tick --------------------------------------------------------------
     def tick(self, now: float) -> Decisions:
@@ -863,6 +896,9 @@ class Scheduler:
                          len(self._deferred), now)
         state["parameters"] = self.params.model_dump()
         state["cache_loss"] = self.cache_loss.snapshot()
+        state["resume_loss"] = self.resume_loss.snapshot()
+        state["keeping_paused"] = sorted(
+            str(w) for w in self.capacity.known if self.keeps_paused(w))
         state["acting_hold_seconds"] = self.usage_model.hold_seconds
         # Prompt tokens of requests without a session id running now, per rank, and how
         # many tokens come off its capacity for them (sessionless_kv, *_full_loss).

@@ -106,6 +106,9 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("worker_cache_loss_ratio", "gauge", ("worker_id", "dp_rank"),
      "Recent share of the prefix tokens continuing turns expected cached on a worker/rank "
      "that the engine no longer had (0: it evicts nothing our usage counts)."),
+    ("worker_resume_loss_ratio", "gauge", ("worker_id", "dp_rank"),
+     "Recent share of the prompt paused programs left cached on a worker/rank that the "
+     "engine no longer had when they came back to it (low: a pause there saves nothing)."),
     ("requests_total", "counter", ("outcome",),
      "Requests the router received, by how they ended: completed, aborted, rejected, "
      "passthrough, session_final, cancelled, orphaned."),
@@ -250,6 +253,8 @@ class StateCollector(Collector):
         members = self._family(GaugeMetricFamily, "worker_programs", ("worker_id", "dp_rank"))
         loss = self._family(GaugeMetricFamily, "worker_cache_loss_ratio",
                             ("worker_id", "dp_rank"))
+        resume_loss = self._family(GaugeMetricFamily, "worker_resume_loss_ratio",
+                                   ("worker_id", "dp_rank"))
         known = scheduler.capacity.known
         for worker in sorted(set(known) | set(table.assigned_workers())):
             labels = [*base, str(worker.worker_id), str(worker.dp_rank)]
@@ -261,4 +266,7 @@ class StateCollector(Collector):
             ratio = scheduler.cache_loss.loss_ratio(worker)
             if ratio is not None:
                 loss.add_metric(labels, ratio)
-        yield from (usage, decayed, capacity, members, loss)
+            ratio = scheduler.resume_loss.loss_ratio(worker)
+            if ratio is not None:
+                resume_loss.add_metric(labels, ratio)
+        yield from (usage, decayed, capacity, members, loss, resume_loss)

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo_thunderagent.dynamo.metrics import PREFIX, RouterMetrics
@@ -107,6 +108,21 @@ async def test_the_cache_loss_gauge_shows_what_the_engine_lost_of_a_continuing_t
     assert loss == {"cache_loss_ratio": 1.0, "turns": 1}
     assert value(samples(metrics), "worker_cache_loss_ratio", worker_id=str(A),
                  dp_rank="0") == 1.0
+
+
+async def test_the_resume_loss_gauge_shows_what_paused_programs_found_back_home() -> None:
+    h, metrics = one_worker(100, pause_min_resume_loss=0.4)
+    await collect(h.router, turn("s", tokens=100), "r1")
+    assert not any(name == f"{PREFIX}_worker_resume_loss_ratio" for name, _ in samples(metrics))
+    # A host tier gave paused programs most of their prompt back on this rank.
+    worker = next(iter(h.classifier.scheduler.capacity.known))
+    for _ in range(20):
+        h.classifier.scheduler.resume_loss.observe(worker, 1_000, 900)
+    state = h.router.state()["scheduler"]
+    assert state["resume_loss"][f"{A}/0"]["turns"] == 20
+    assert state["keeping_paused"] == [f"{A}/0"]
+    assert value(samples(metrics), "worker_resume_loss_ratio", worker_id=str(A),
+                 dp_rank="0") == pytest.approx(0.1)
 
 
 async def test_rejections_are_counted_by_the_limit_they_hit() -> None:
