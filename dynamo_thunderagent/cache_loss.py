@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from dynamo_thunderagent.program import WorkerKey
 
 # Resumes a rank must have shown before :func:`keeps_paused` trusts what they found.
-KEEPS_PAUSED_MIN_RESUMES = 20
+KEEPS_PAUSED_MIN_RESUMES = 5
 
 
 @dataclass

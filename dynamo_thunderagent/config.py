@@ -165,7 +165,7 @@ class ThunderAgentParameters(_Strict):
     pause_min_resume_loss: float | None = Field(None, gt=0.0, le=1.0)
     """Pause and hold back only where the engine would lose what a pause keeps: a
     worker/rank where paused programs, resumed there, came back with more than ``1 -
-    this`` of the prompt they left cached (over at least 20 such turns, the recent ones
+    this`` of the prompt they left cached (over at least 5 such turns, the recent ones
     weighing most), and where continuing turns lose less than this share too, keeps them
     anyway (a host KV tier, vLLM's CPU offload, LMCache, or more room than its capacity
     card says; cache_loss.py). There the pause rule pauses nothing and, once its programs

@@ -17,7 +17,7 @@ for ro,rn in zip(o,n):
     print(f'| {label} | {N} | {b:.1f} | {aw[N]["steps_per_min"]:.1f} ({aw[N]["steps_per_min"]/b:.2f}x) | {ro["steps_per_min"]:.1f} ({ro["steps_per_min"]/b:.2f}x), {ro["pauses"]} pauses, wait max {ro["wait_max_s"]:.0f} s | {rn["steps_per_min"]:.1f} ({rn["steps_per_min"]/b:.2f}x), {rn["pauses"]} pauses, wait max {rn["wait_max_s"]:.0f} s |')
 PY
 }
-echo "| shape | N | stock | ours told the tier | ours blind, before | ours blind, pause_min_resume_loss 0.4 |"
+echo "| shape | N | stock | ours told the tier | ours blind, before | ours blind, with pause_min_resume_loss (shipped) |"
 echo "|---|---|---|---|---|---|"
 row "trace" --regime tiered --workload trace --agents 24,36,48 &
 row "long" --regime tiered --workload long --agents 24,36,48 &
