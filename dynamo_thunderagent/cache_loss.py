@@ -76,9 +76,9 @@ class CacheLossMeter:
         """``worker`` left: its engine's cache left with it."""
         self._ranks.pop(worker, None)
 
-    def snapshot(self) -> dict[str, dict[str, float | int | None]]:
-        """Per rank: the loss ratio and the continuing turns observed."""
-        return {str(worker): {"cache_loss_ratio": self.loss_ratio(worker), "turns": sums.turns}
+    def snapshot(self, key: str = "cache_loss_ratio") -> dict[str, dict[str, float | int | None]]:
+        """Per rank: the loss ratio (under ``key``) and the turns observed."""
+        return {str(worker): {key: self.loss_ratio(worker), "turns": sums.turns}
                 for worker, sums in sorted(self._ranks.items())}
 
 

@@ -168,11 +168,13 @@ class ThunderAgentParameters(_Strict):
     this`` of the prompt they left cached (over at least 5 such turns, the recent ones
     weighing most), and where continuing turns lose less than this share too, keeps them
     anyway (a host KV tier, vLLM's CPU offload, LMCache, or more room than its capacity
-    card says; cache_loss.py). There the pause rule pauses nothing and, once its programs
-    hold more than its capacity, waiting turns run as for ``hold_max_cache_loss``. Either
-    loss reaching this share ends it. The tier needs no ``host_kv_blocks`` to be found
-    this way; that parameter still prices it from the first turn. None (parity): our
-    usage alone decides."""
+    card says; cache_loss.py). There the pressure rule pauses nobody (marks set before
+    lapse; idle programs still give way, and aging still makes room) and, once its
+    programs hold more than its capacity, waiting turns run as for
+    ``hold_max_cache_loss``. Continuing turns losing this share ends it, and the rank then
+    needs five fresh resumes before it is judged again. The tier needs no
+    ``host_kv_blocks`` to be found this way; that parameter still prices it from the
+    first turn. None (parity): our usage alone decides."""
     shared_prefix_accounting: bool = False
     """Count KV blocks shared by several programs on a worker/rank (a common system
     prompt) once, from the leading block hashes of each request."""

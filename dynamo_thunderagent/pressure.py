@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dynamo_thunderagent.cache_loss import KEEPS_PAUSED_MIN_RESUMES, CacheLossMeter, keeps_paused
+from dynamo_thunderagent.cache_loss import CacheLossMeter
 from dynamo_thunderagent.capacity import Capacity, UsageModel
 from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.costs import CostModel
@@ -58,12 +58,11 @@ class ParityPauseRule:
 
     def __init__(self, params: ThunderAgentParameters, model: UsageModel,
                  costs: CostModel, cache_loss: CacheLossMeter | None = None,
-                 resume_loss: CacheLossMeter | None = None) -> None:
+                 keeps_paused: Callable[[WorkerKey], bool] | None = None) -> None:
         self.threshold = params.pause_threshold
         self.min_loss = params.pause_min_cache_loss
         self.cache_loss = cache_loss
-        self.max_resume_loss = params.pause_min_resume_loss
-        self.resume_loss = resume_loss
+        self.keeps_paused = keeps_paused
         self.target = params.pause_target
         self.residency = params.min_residency_seconds
         self.decay = params.pressure_decay
@@ -160,13 +159,11 @@ class ParityPauseRule:
         return table.decayed_usage(worker, now) if self.decay else table.usage(worker)
 
     def _engine_evicts(self, worker: WorkerKey) -> bool:
-        """Whether ``worker``'s engine is seen to lose cache (``pause_min_cache_loss``;
-        True while unmeasured, or without the parameter), and does not keep what a pause
-        would save (``pause_min_resume_loss``, cache_loss.keeps_paused)."""
-        if (self.max_resume_loss is not None and self.resume_loss is not None
-                and self.cache_loss is not None
-                and keeps_paused(self.resume_loss, self.cache_loss, worker,
-                                 self.max_resume_loss, KEEPS_PAUSED_MIN_RESUMES)):
+        """Whether a pause on ``worker`` would keep a cache: its engine does not keep
+        paused programs anyway (``keeps_paused``: ``pause_min_resume_loss``, the
+        scheduler's judgement) and is seen to lose cache (``pause_min_cache_loss``; True
+        while unmeasured, or without the parameter)."""
+        if self.keeps_paused is not None and self.keeps_paused(worker):
             return False
         if self.min_loss is None or self.cache_loss is None:
             return True
@@ -238,8 +235,8 @@ class UpstreamPauseRule:
 
 def pause_rule(params: ThunderAgentParameters, model: UsageModel, costs: CostModel,
                cache_loss: CacheLossMeter | None = None,
-               resume_loss: CacheLossMeter | None = None) -> PauseRule:
+               keeps_paused: Callable[[WorkerKey], bool] | None = None) -> PauseRule:
     """The pause rule a policy names (``pause_rule``; parity by default)."""
     if params.pause_rule == "upstream":
         return UpstreamPauseRule(params, model)
-    return ParityPauseRule(params, model, costs, cache_loss, resume_loss)
+    return ParityPauseRule(params, model, costs, cache_loss, keeps_paused)

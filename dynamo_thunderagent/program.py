@@ -223,8 +223,8 @@ class TrackedRequest:
     # Prefix tokens the engine should still hold for this turn (its program's last prompt,
     # when it runs where that ran and was not paused since; 0: none); see cache_loss.py.
     expected_cached: int = 0
-    # Of that, for a paused program's turn resumed where it was paused: the prompt it left
-    # there (0: none); see cache_loss.keeps_paused.
+    # For the turn of a program paused since its last turn, run where it was paused: the
+    # prompt it left there, in whole blocks (0: none); see cache_loss.keeps_paused.
     expected_after_pause: int = 0
 
 

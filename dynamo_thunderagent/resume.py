@@ -14,7 +14,8 @@ nothing. Parity, with the extensions that change one ingredient each:
   below the resume level (``pause_threshold - resume_hysteresis``, on decayed usage).
   A program whose pause would not pay (the cost model) is resumed regardless: holding
   it back saves nothing. Neither does holding back a waiting turn at home on a rank
-  whose engine evicts anyway (``hold_max_cache_loss``; the scheduler names those ranks):
+  whose engine evicts anyway (``hold_max_cache_loss``) or keeps paused programs anyway
+  (``pause_min_resume_loss``; the scheduler names those ranks):
   once it has waited as long as the stall its re-prefill causes, it runs there ahead of
   everything else, its room booked; while every rank evicts anyway, so does a waiting
   turn with no live home.
@@ -47,7 +48,8 @@ class Resumption:
     program: Program
     worker: WorkerKey | None  # None: capacity unknown, any eligible worker
     price_seconds: float = 0.0  # the re-prefill a priced move pays (0: not a priced move)
-    # hold_max_cache_loss: released without room, its rank evicting anyway.
+    # hold_max_cache_loss / pause_min_resume_loss: released without room, holding it back
+    # kept no cache on its rank.
     released_evicting: bool = False
 
 
@@ -77,7 +79,8 @@ class ResumePlanner:
              evicting: frozenset[WorkerKey] = frozenset()) -> ResumePlan:
         """The resumptions, in order, for these paused programs (see the module docstring);
         ``batch``: turns running per worker/rank (for the cost model); ``evicting``: ranks
-        whose engine evicts whatever is held back (``hold_max_cache_loss``): a waiting turn
+        whose engine evicts whatever is held back (``hold_max_cache_loss``) or keeps it
+        anyway (``pause_min_resume_loss``): a waiting turn
         of a program at home there runs without room once it has waited as long as the
         stall its re-prefill causes (:meth:`_release_evicting`)."""
         known = capacity.known
@@ -154,7 +157,8 @@ class ResumePlanner:
                           evicting: frozenset[WorkerKey], room: dict[WorkerKey, float],
                           largest: float, plan: ResumePlan, now: float,
                           batch: float) -> list[Program]:
-        """``hold_max_cache_loss``: release the waiting turns whose wait protects no cache,
+        """``hold_max_cache_loss`` and ``pause_min_resume_loss``: release the waiting turns
+        whose wait protects no cache,
         first and without room: those at home on a rank evicting anyway and, while every
         rank is, those with no live home too (on the rank with the most room left, this
         pass's releases counted). A turn goes once it has waited as long as the stall its

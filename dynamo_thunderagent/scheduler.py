@@ -122,8 +122,9 @@ class Scheduler:
         self.host_tier: HostTierCosts | None = None
         if params.host_kv_blocks:
             self.costs = self.host_tier = HostTierCosts(self.costs)
-        self.pause_rule = pause_rule(params, self.usage_model, self.costs, self.cache_loss,
-                                     self.resume_loss)
+        self.pause_rule = pause_rule(
+            params, self.usage_model, self.costs, self.cache_loss,
+            self.keeps_paused if params.pause_min_resume_loss is not None else None)
         self.planner = ResumePlanner(params, self.costs)
 
     def reconfigure(self, params: ThunderAgentParameters) -> None:
@@ -463,7 +464,8 @@ class Scheduler:
         program = self.table.programs[request.session_id]
         if program.current == request_id and program.worker != worker:
             self._move(program, worker, d, "served_elsewhere")
-            request.expected_cached = 0  # what it expected is on the other worker/rank
+            # What it expected is on the other worker/rank.
+            request.expected_cached = request.expected_after_pause = 0
         return d
 
     def responding(self, request_id: str, now: float) -> Decisions:
@@ -486,6 +488,7 @@ class Scheduler:
         if cached_tokens is not None and program.worker is not None:
             if request.expected_cached:
                 self.cache_loss.observe(program.worker, request.expected_cached, cached_tokens)
+                self._forget_kept_if_losing(program.worker)
             if request.expected_after_pause:
                 self.resume_loss.observe(program.worker, request.expected_after_pause,
                                          cached_tokens)
@@ -719,6 +722,16 @@ class Scheduler:
         return limit is not None and keeps_paused(self.resume_loss, self.cache_loss, worker,
                                                   limit, KEEPS_PAUSED_MIN_RESUMES)
 
+    def _forget_kept_if_losing(self, worker: WorkerKey) -> None:
+        """Continuing turns on ``worker`` now lose at least ``pause_min_resume_loss`` (its
+        host tier is full, say): what paused programs found there before says nothing
+        about now, so the rank needs fresh resumes before it is judged to keep them again
+        (otherwise the old verdict would come back as soon as that loss dipped)."""
+        limit = self.params.pause_min_resume_loss
+        loss = self.cache_loss.loss_ratio(worker)
+        if limit is not None and loss is not None and loss >= limit:
+            self.resume_loss.forget(worker)
+
     # ---- the tick --------------------------------------------------------------
     def tick(self, now: float) -> Decisions:
         """One scheduler pass: expire, unassign, resume (and, with ``aging_makes_room``,
@@ -755,6 +768,8 @@ class Scheduler:
             if program.worker is not None and program.worker.worker_id not in live:
                 with self.table.changing(program):
                     program.worker = None
+                # Its cache left with the worker: nothing is expected anywhere else.
+                program.resident_prompt_tokens = program.paused_prompt_tokens = 0
                 d.unassigned.append(program.session_id)
             held += program.tokens
         if self.host_tier is not None:
@@ -795,6 +810,11 @@ class Scheduler:
         if not program.marked_for_pause:
             return
         if program.yielded:
+            program.marked_for_pause = program.marked_for_aged = False
+            return
+        if program.worker is not None and self.keeps_paused(program.worker):
+            # Marked before its rank was seen to keep paused programs: the pause would
+            # save nothing there now.
             program.marked_for_pause = program.marked_for_aged = False
             return
         if program.marked_for_aged and not any(
@@ -896,7 +916,7 @@ class Scheduler:
                          len(self._deferred), now)
         state["parameters"] = self.params.model_dump()
         state["cache_loss"] = self.cache_loss.snapshot()
-        state["resume_loss"] = self.resume_loss.snapshot()
+        state["resume_loss"] = self.resume_loss.snapshot("resume_loss_ratio")
         state["keeping_paused"] = sorted(
             str(w) for w in self.capacity.known if self.keeps_paused(w))
         state["acting_hold_seconds"] = self.usage_model.hold_seconds

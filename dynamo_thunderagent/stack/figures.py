@@ -38,7 +38,8 @@ def scheduler_figures(state: dict[str, Any]) -> dict[str, Any]:
         "router_hit_rate": router.get("hit_rate"),
         "rejected": router.get("rejected"),
         "yields": counters.get("yields", 0),
-        # Waiting turns run at home because that rank's engine was evicting anyway.
+        # Waiting turns run at home because that rank's engine was evicting anyway (or
+        # keeping paused programs anyway, pause_min_resume_loss).
         "released_evicting": counters.get("released_evicting", 0),
         # Pauses made, and marks set, to make room for turns past max_wait_seconds (and
         # marks that lapsed because no such turn waited any more).
@@ -47,6 +48,10 @@ def scheduler_figures(state: dict[str, Any]) -> dict[str, Any]:
         "aging_marks_cleared": counters.get("aging_marks_cleared", 0),
         # What the engine lost of the cache continuing turns expected, per rank, at the end.
         "cache_loss": scheduler.get("cache_loss"),
+        # What paused programs found of their prompt back home, per rank, and the ranks
+        # judged to keep them (pause_min_resume_loss), at the end.
+        "resume_loss": scheduler.get("resume_loss"),
+        "keeping_paused": scheduler.get("keeping_paused"),
         # What the cost model had measured by the end, and the hold and yield horizon
         # derived from it: what the priced decisions of the run were based on.
         "engine_costs": scheduler.get("costs"),

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from dynamo_thunderagent.cache_loss import KEEPS_PAUSED_MIN_RESUMES, CacheLossMeter, keeps_paused
+from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.scheduler import Release
@@ -91,6 +92,32 @@ def test_a_paused_program_that_moves_or_says_nothing_is_not_a_sample() -> None:
     assert h.scheduler.resume_loss.loss_ratio(W0) is None
 
 
+def test_a_resumed_turn_served_on_another_rank_is_not_a_sample() -> None:
+    h = _harness()
+    _pause_small(h, {W0: 10_000, W1: 100_000})
+    h.acting_on("w1", W1, 95_000)  # W1 has no room either: "small" resumes at home ...
+    rid, _ = h.turn("small", 1_500)
+    h.scheduler.set_workers(frozenset({0, 1}), {
+        W0: CapacityCard(total_kv_blocks=100_000, block_size=1),
+        W1: CapacityCard(total_kv_blocks=100_000, block_size=1)})
+    assert Release(rid, W0) in h.tick().released
+    h.scheduler.sent(rid, W1, h.now)  # ... but the KV router's selector sends it to W1
+    h.scheduler.completed(rid, 1_510, h.now, 0)
+    assert h.scheduler.resume_loss.turns(W1) == 0
+    assert h.scheduler.resume_loss.turns(W0) == 0
+
+
+def test_a_paused_program_whose_worker_left_is_not_a_sample_where_it_resumes() -> None:
+    h = _harness()
+    _pause_small(h, {W0: 10_000, W1: 10_000})
+    rid, _ = h.turn("small", 1_500)
+    h.workers({W1: 10_000})  # W0 leaves with the prompt "small" left there
+    d = h.tick()
+    assert Release(rid, W1) in d.released
+    h.scheduler.completed(rid, 1_510, h.now, 0)
+    assert h.scheduler.resume_loss.turns(W1) == 0
+
+
 def _keeping(limit: float | None = 0.4, lost: int = 0, measured: bool = True,
              **extra: Any) -> Harness:
     params = {} if limit is None else {"pause_min_resume_loss": limit}
@@ -130,6 +157,30 @@ def test_a_rank_that_loses_them_or_without_the_parameter_pauses_as_usual(case: s
         h.scheduler.cache_loss.observe(W0, 1_000, 500)
     assert h.tick().paused[:1] == ["small"]
     assert h.scheduler.snapshot(h.now)["keeping_paused"] == []
+
+
+def test_a_mark_set_before_the_rank_was_seen_to_keep_them_lapses() -> None:
+    h = _keeping(measured=False)
+    h.workers({W0: 10_000})
+    h.acting_on("big", W0, 8_000)
+    rid, _ = h.turn("r", 1_000)  # REASONING: marked, not paused, under pressure
+    h.turn("big", 8_800)
+    assert "r" in h.tick().marked
+    _resumes_found(h, 1_000)
+    assert "r" not in h.complete(rid, 1_000).paused
+    assert not h.program("r").marked_for_pause
+
+
+def test_continuing_turns_losing_their_cache_make_the_rank_judged_afresh() -> None:
+    h = _keeping()
+    _over_threshold(h)
+    assert h.scheduler.keeps_paused(W0)
+    rid, _ = h.turn("big", 9_000)  # a continuing turn that found only half its prompt
+    h.scheduler.completed(rid, 9_000, h.now, 4_400)
+    assert h.scheduler.resume_loss.turns(W0) == 0  # the old verdict is forgotten
+    h.scheduler.cache_loss.observe(W0, 100_000, 100_000)  # the loss dips again ...
+    assert not h.scheduler.keeps_paused(W0)  # ... and fresh resumes must show it first
+    assert h.tick().paused[:1] == ["small"]
 
 
 def _waiting_turn_on_w0(h: Harness) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dynamo_thunderagent.cache_loss import KEEPS_PAUSED_MIN_RESUMES
 from dynamo_thunderagent.dynamo.metrics import PREFIX, RouterMetrics
 from dynamo_thunderagent.dynamo.state_server import StateServer, on_loop
 from dynamo_thunderagent.dynamo.stats import bounded_state
@@ -116,10 +117,11 @@ async def test_the_resume_loss_gauge_shows_what_paused_programs_found_back_home(
     assert not any(name == f"{PREFIX}_worker_resume_loss_ratio" for name, _ in samples(metrics))
     # A host tier gave paused programs most of their prompt back on this rank.
     worker = next(iter(h.classifier.scheduler.capacity.known))
-    for _ in range(20):
+    for _ in range(KEEPS_PAUSED_MIN_RESUMES):
         h.classifier.scheduler.resume_loss.observe(worker, 1_000, 900)
     state = h.router.state()["scheduler"]
-    assert state["resume_loss"][f"{A}/0"]["turns"] == 20
+    assert state["resume_loss"][f"{A}/0"] == {"resume_loss_ratio": pytest.approx(0.1),
+                                              "turns": KEEPS_PAUSED_MIN_RESUMES}
     assert state["keeping_paused"] == [f"{A}/0"]
     assert value(samples(metrics), "worker_resume_loss_ratio", worker_id=str(A),
                  dp_rank="0") == pytest.approx(0.1)
