@@ -12,8 +12,9 @@ the resume planner (:mod:`~dynamo_thunderagent.resume`: who comes back, and
 where programs run). This module applies their plans and owns every state
 change, and says why it took each step where it takes it (``Decisions.steps``,
 ``Reject.limit``): only there is the reason known. It is longer than most
-(about 900 lines) because admission, the four lifecycle events and the tick are
-one algorithm that reads best top to bottom (sessionless traffic's bookkeeping included).
+(about 970 lines) because admission, the four lifecycle events and the tick are
+one algorithm that reads best top to bottom (sessionless traffic's bookkeeping and the
+cache-loss verdicts it feeds included).
 The seams are rebuilt, and everything else kept, when a policy reload brings new
 parameters (:meth:`Scheduler.reconfigure`).
 
