@@ -72,6 +72,32 @@ class Harness:
         return p.phase, p.lifecycle
 
 
+def over_threshold_on_w0(h: Harness, capacities: dict[WorkerKey, int] | None = None) -> None:
+    """Two programs on W0 (10,000, unless ``capacities`` says otherwise) whose usage is past
+    pause_threshold: "small" (1,000) and "big" (8,000, grown by a turn to 8,800)."""
+    h.workers(capacities or {W0: 10_000})
+    h.acting_on("small", W0, 1_000)
+    h.acting_on("big", W0, 8_000)
+    rid, _ = h.turn("big", 8_800)  # a continuing turn grows it: 9,800 > 9,500
+    h.complete(rid, 8_800)
+
+
+def waiting_turn_on_w0(h: Harness, b_tokens: int = 5_500) -> str:
+    """W0 (10,000) holds ``b_tokens`` + 5,000 in two running turns, and "small", paused
+    under pressure, has a turn waiting for room there (its request id is returned)."""
+    if not h.scheduler.capacity.known:
+        h.workers({W0: 10_000})
+    h.acting_on("small", W0, 1_000)
+    h.acting_on("a", W0, 4_000)
+    h.acting_on("b", W0, 4_000)
+    h.turn("a", 5_000)  # sticky: 10,000 > 9,500
+    assert h.tick().paused == ["small"]
+    h.turn("b", b_tokens)  # sticky
+    rid, d = h.turn("small", 1_200)
+    assert d.outcome(rid) is None  # deferred behind its pause
+    return rid
+
+
 def make(**params: Any) -> Harness:
     return Harness(Scheduler(ThunderAgentParameters(**params)))
 

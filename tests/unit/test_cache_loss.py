@@ -12,7 +12,7 @@ from dynamo_thunderagent.dynamo.translate import StreamTracker
 from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.scheduler import Release
 
-from .conftest import W0, W1, Harness, make
+from .conftest import W0, W1, Harness, make, over_threshold_on_w0, waiting_turn_on_w0
 
 W = WorkerKey(7, 1)
 
@@ -92,25 +92,16 @@ def test_the_completed_event_carries_what_the_engine_found_cached() -> None:
     assert getattr(completed, "cached_tokens", None) == 256
 
 
-def _over_threshold(h: Harness) -> None:
-    """Two programs on W0 whose usage is past pause_threshold (0.95 x 10,000)."""
-    h.workers({W0: 10_000})
-    h.acting_on("small", W0, 1_000)
-    h.acting_on("big", W0, 8_000)
-    rid, _ = h.turn("big", 8_800)  # a continuing turn grows it: 9,800 > 9,500
-    h.complete(rid, 8_800)
-
-
 def test_a_rank_whose_engine_keeps_its_cache_pauses_no_one() -> None:
     h = make(pause_min_cache_loss=0.1, buffer_per_program=0)
-    _over_threshold(h)
+    over_threshold_on_w0(h)
     h.scheduler.cache_loss.observe(W0, 1_000, 1_000)  # continuing turns found it all
     assert h.tick().paused == []
 
 
 def test_a_rank_whose_engine_evicts_pauses_as_usual() -> None:
     h = make(pause_min_cache_loss=0.1, buffer_per_program=0)
-    _over_threshold(h)
+    over_threshold_on_w0(h)
     h.scheduler.cache_loss.observe(W0, 1_000, 500)
     assert h.tick().paused[:1] == ["small"]
 
@@ -118,7 +109,7 @@ def test_a_rank_whose_engine_evicts_pauses_as_usual() -> None:
 def test_before_any_continuing_turn_or_without_the_parameter_usage_alone_decides() -> None:
     for params in ({"pause_min_cache_loss": 0.1}, {}):
         h = make(buffer_per_program=0, **params)
-        _over_threshold(h)
+        over_threshold_on_w0(h)
         if not params:
             h.scheduler.cache_loss.observe(W0, 1_000, 1_000)  # measured, but not asked
         assert h.tick().paused[:1] == ["small"]
@@ -126,7 +117,7 @@ def test_before_any_continuing_turn_or_without_the_parameter_usage_alone_decides
 
 def test_a_reload_keeps_what_was_measured_and_the_new_rule_reads_it() -> None:
     h = make(buffer_per_program=0)
-    _over_threshold(h)
+    over_threshold_on_w0(h)
     h.scheduler.cache_loss.observe(W0, 1_000, 1_000)
     h.scheduler.reconfigure(h.scheduler.params.model_copy(update={"pause_min_cache_loss": 0.1}))
     assert h.scheduler.cache_loss.loss_ratio(W0) == 0.0
@@ -141,24 +132,9 @@ def _holding(limit: float | None = 0.5, **extra: Any) -> Harness:
                 **params, **extra)
 
 
-def _waiting_turn_on_w0(h: Harness, b_tokens: int = 5_500) -> None:
-    """W0 (10,000) holds ``b_tokens`` + 5,000 in two running turns, and "small", paused
-    under pressure, has a turn waiting for room there."""
-    if not h.scheduler.capacity.known:
-        h.workers({W0: 10_000})
-    h.acting_on("small", W0, 1_000)
-    h.acting_on("a", W0, 4_000)
-    h.acting_on("b", W0, 4_000)
-    h.turn("a", 5_000)  # sticky: 10,000 > 9,500
-    assert h.tick().paused == ["small"]
-    h.turn("b", b_tokens)  # sticky
-    rid, d = h.turn("small", 1_200)
-    assert d.outcome(rid) is None  # deferred behind its pause
-
-
 def test_a_waiting_turn_runs_at_home_where_the_engine_evicts_anyway() -> None:
     h = _holding()
-    _waiting_turn_on_w0(h)
+    waiting_turn_on_w0(h)
     assert h.scheduler.table.usage(W0) > 10_000
     h.scheduler.cache_loss.observe(W0, 1_000, 200)  # the engine lost 80% of what was expected
     d = h.tick()
@@ -173,7 +149,7 @@ def test_a_waiting_turn_waits_where_the_engine_keeps_its_cache_or_without_the_pa
                          (0.5, 600),  # 40% lost: under the limit
                          (None, 0)):  # everything lost, but the rule is off (parity)
         h = _holding(limit)
-        _waiting_turn_on_w0(h)
+        waiting_turn_on_w0(h)
         h.scheduler.cache_loss.observe(W0, 1_000, found)
         d = h.tick()
         assert d.resumed == [] and d.released == [], (limit, found)
@@ -182,10 +158,10 @@ def test_a_waiting_turn_waits_where_the_engine_keeps_its_cache_or_without_the_pa
 
 def test_a_waiting_turn_waits_on_a_rank_within_its_capacity_or_not_yet_measured() -> None:
     h = _holding()
-    _waiting_turn_on_w0(h)
+    waiting_turn_on_w0(h)
     assert h.tick().resumed == []  # over capacity, but no continuing turn measured there yet
     h = _holding()
-    _waiting_turn_on_w0(h, b_tokens=4_800)  # 9,800: no room, within the capacity
+    waiting_turn_on_w0(h, b_tokens=4_800)  # 9,800: no room, within the capacity
     h.scheduler.cache_loss.observe(W0, 1_000, 0)
     assert h.tick().resumed == []
 
@@ -193,7 +169,7 @@ def test_a_waiting_turn_waits_on_a_rank_within_its_capacity_or_not_yet_measured(
 def test_a_new_program_held_back_runs_once_every_rank_evicts_anyway() -> None:
     for limit, runs in ((0.5, True), (None, False)):
         h = _holding(limit)
-        _waiting_turn_on_w0(h)
+        waiting_turn_on_w0(h)
         h.scheduler.cache_loss.observe(W0, 1_000, 0)
         rid, d = h.turn("new", 500)
         assert d.outcome(rid) is None and "new" in d.paused  # no queue jumping
@@ -205,7 +181,7 @@ def test_a_new_program_waits_while_some_rank_keeps_its_cache() -> None:
     h.workers({W0: 10_000, W1: 10_000})
     h.acting_on("c", W1, 6_000)
     h.acting_on("d", W1, 3_000)
-    _waiting_turn_on_w0(h)
+    waiting_turn_on_w0(h)
     h.turn("c", 6_500)
     h.turn("d", 4_000)  # sticky: W1 holds 10,500, past its capacity, ...
     h.scheduler.cache_loss.observe(W0, 1_000, 0)
@@ -220,7 +196,7 @@ def test_a_new_program_waits_while_some_rank_keeps_its_cache() -> None:
 def test_a_release_waits_as_long_as_the_stall_its_re_prefill_causes() -> None:
     h = _holding(pause_min_recompute_ratio=0.0)  # every pause pays, priced by measured costs
     h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=1e-3, decode_seconds=1.0))
-    _waiting_turn_on_w0(h)
+    waiting_turn_on_w0(h)
     h.scheduler.cache_loss.observe(W0, 1_000, 0)
     stall = h.scheduler.costs.stall_seconds(h.program("small").tokens, h.scheduler.batch)
     assert stall is not None and stall > 1.0
@@ -231,7 +207,7 @@ def test_a_release_waits_as_long_as_the_stall_its_re_prefill_causes() -> None:
 
 def test_a_waiting_turn_with_no_home_runs_once_every_rank_evicts_anyway() -> None:
     h = _holding()
-    _waiting_turn_on_w0(h)
+    waiting_turn_on_w0(h)
     rid, d = h.turn("new", 500)  # W0 not measured yet: held back behind "small"
     assert d.outcome(rid) is None and h.program("new").worker is None
     h.scheduler.cache_loss.observe(W0, 1_000, 0)
@@ -245,7 +221,7 @@ def test_a_waiting_turn_with_no_home_runs_once_every_rank_evicts_anyway() -> Non
 
 def test_a_reload_turns_the_release_on_with_what_was_measured() -> None:
     h = _holding(None)
-    _waiting_turn_on_w0(h)
+    waiting_turn_on_w0(h)
     h.scheduler.cache_loss.observe(W0, 1_000, 0)
     assert h.tick().resumed == []
     h.scheduler.reconfigure(h.scheduler.params.model_copy(update={"hold_max_cache_loss": 0.5}))
@@ -257,7 +233,7 @@ def test_turns_with_no_home_spread_over_the_ranks_when_every_rank_evicts_anyway(
     h.workers({W0: 10_000, W1: 10_000})
     h.acting_on("c", W1, 6_000)
     h.acting_on("d", W1, 3_000)
-    _waiting_turn_on_w0(h)  # W0: 10,500 held, "small" waiting
+    waiting_turn_on_w0(h)  # W0: 10,500 held, "small" waiting
     h.turn("c", 6_000)
     h.turn("d", 4_300)  # sticky: W1 holds 10,300
     first, _ = h.turn("n1", 2_000)

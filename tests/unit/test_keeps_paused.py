@@ -14,7 +14,7 @@ from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.scheduler import Release
 
-from .conftest import W0, W1, Harness, make
+from .conftest import W0, W1, Harness, make, over_threshold_on_w0, waiting_turn_on_w0
 
 
 def _meters(resumes: int, paused_found: int, running_found: int | None) -> tuple[
@@ -38,13 +38,8 @@ def test_a_rank_keeps_paused_programs_once_enough_came_back_cached() -> None:
 
 
 def _pause_small(h: Harness, capacities: dict[WorkerKey, int] | None = None) -> None:
-    """"small" (1,000) and "big" (8,000, then a turn of 8,800) on W0 (10,000): past the
-    threshold, the tick pauses "small"."""
-    h.workers(capacities or {W0: 10_000})
-    h.acting_on("small", W0, 1_000)
-    h.acting_on("big", W0, 8_000)
-    rid, _ = h.turn("big", 8_800)
-    h.complete(rid, 8_800)
+    """Past the threshold on W0 (over_threshold_on_w0), the tick pauses "small"."""
+    over_threshold_on_w0(h, capacities)
     assert h.tick().paused == ["small"]
     assert h.program("small").paused_prompt_tokens == 1_000
 
@@ -134,17 +129,9 @@ def _resumes_found(h: Harness, found: int) -> None:
         h.scheduler.resume_loss.observe(W0, 1_000, found)
 
 
-def _over_threshold(h: Harness) -> None:
-    h.workers({W0: 10_000})
-    h.acting_on("small", W0, 1_000)
-    h.acting_on("big", W0, 8_000)
-    rid, _ = h.turn("big", 8_800)  # 9,800 > 9,500
-    h.complete(rid, 8_800)
-
-
 def test_a_rank_that_keeps_paused_programs_pauses_no_one() -> None:
     h = _keeping()
-    _over_threshold(h)
+    over_threshold_on_w0(h)
     assert h.tick().paused == []
     assert h.scheduler.snapshot(h.now)["keeping_paused"] == [str(W0)]
 
@@ -152,7 +139,7 @@ def test_a_rank_that_keeps_paused_programs_pauses_no_one() -> None:
 @pytest.mark.parametrize("case", ["off", "paused ones lost", "running ones lose"])
 def test_a_rank_that_loses_them_or_without_the_parameter_pauses_as_usual(case: str) -> None:
     h = _keeping(None if case == "off" else 0.4, lost=500 if case == "paused ones lost" else 0)
-    _over_threshold(h)
+    over_threshold_on_w0(h)
     if case == "running ones lose":
         h.scheduler.cache_loss.observe(W0, 1_000, 500)
     assert h.tick().paused[:1] == ["small"]
@@ -173,7 +160,7 @@ def test_a_mark_set_before_the_rank_was_seen_to_keep_them_lapses() -> None:
 
 def test_continuing_turns_losing_their_cache_make_the_rank_judged_afresh() -> None:
     h = _keeping()
-    _over_threshold(h)
+    over_threshold_on_w0(h)
     assert h.scheduler.keeps_paused(W0)
     rid, _ = h.turn("big", 9_000)  # a continuing turn that found only half its prompt
     h.scheduler.completed(rid, 9_000, h.now, 4_400)
@@ -183,24 +170,10 @@ def test_continuing_turns_losing_their_cache_make_the_rank_judged_afresh() -> No
     assert h.tick().paused[:1] == ["small"]
 
 
-def _waiting_turn_on_w0(h: Harness) -> str:
-    """W0 (10,000) holds 10,500 in two running turns; "small", paused, waits for room."""
-    h.workers({W0: 10_000})
-    h.acting_on("small", W0, 1_000)
-    h.acting_on("a", W0, 4_000)
-    h.acting_on("b", W0, 4_000)
-    h.turn("a", 5_000)
-    assert h.tick().paused == ["small"]
-    h.turn("b", 5_500)
-    rid, d = h.turn("small", 1_200)
-    assert d.outcome(rid) is None
-    return rid
-
-
 def test_a_waiting_turn_runs_at_home_where_the_engine_keeps_paused_programs() -> None:
     for limit, runs in ((0.4, True), (None, False)):
         h = _keeping(limit, measured=False)
-        rid = _waiting_turn_on_w0(h)  # paused before anything was measured
+        rid = waiting_turn_on_w0(h)  # paused before anything was measured
         _resumes_found(h, 1_000)
         assert h.scheduler.table.usage(W0) > 10_000
         d = h.tick()
@@ -210,7 +183,7 @@ def test_a_waiting_turn_runs_at_home_where_the_engine_keeps_paused_programs() ->
 
 def test_a_reload_keeps_what_was_measured() -> None:
     h = _keeping(None)
-    _over_threshold(h)
+    over_threshold_on_w0(h)
     h.scheduler.reconfigure(
         h.scheduler.params.model_copy(update={"pause_min_resume_loss": 0.4}))
     assert h.scheduler.resume_loss.turns(W0) == KEEPS_PAUSED_MIN_RESUMES
