@@ -118,6 +118,9 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
      "Prompt tokens served from the prefix cache (prefix hits)."),
     ("recomputed_tokens_total", "counter", (),
      "Prompt tokens prefilled again (prompt tokens less prefix hits)."),
+    ("failovers_total", "counter", (),
+     "Turns carried on on another worker after theirs failed them (mid-stream or before "
+     "the first chunk)."),
     ("policy_reloads_total", "counter", ("result",),
      "Policy reloads (SIGHUP or --watch-policy), by result: ok, invalid, needs_restart."),
     ("lifecycle_events_total", "counter", ("event",),
@@ -203,7 +206,8 @@ class StateCollector(Collector):
         yield requests
         for name, value in (("prompt_tokens_total", stats.prompt_tokens),
                             ("cached_tokens_total", stats.cached_tokens),
-                            ("recomputed_tokens_total", stats.prompt_tokens - stats.cached_tokens)):
+                            ("recomputed_tokens_total", stats.prompt_tokens - stats.cached_tokens),
+                            ("failovers_total", stats.failovers)):
             family = self._family(CounterMetricFamily, name)
             family.add_metric(base, value)
             yield family

@@ -6,15 +6,17 @@ Request path (one asyncio task per request, driven by Dynamo)::
         classify (admit / defer / reject)  ->  select worker/rank  ->
         KvRouter.generate_from_request pinned to that worker/rank  ->
         chunks streamed back unchanged, lifecycle events to the classifier
+        (a worker that fails the stream: the rest from another one, _fail_over)
 
 Background tasks: a worker watch (live instance ids + capacity cards, every
 ``refresh_interval`` seconds), the scheduler tick (every
 ``classifier.tick_interval``), and an optional loopback HTTP server with the
 router's state for operators and tests.
 
-(About 440 lines: ``generate`` is one handler because every request must end in exactly
-one terminal state, and its ``try`` blocks are what guarantee that; the chunk-level
-translation and the lifecycle tracking it calls live in ``translate.py``.)
+(About 570 lines: ``generate`` is one handler because every request must end in exactly
+one terminal state, and its ``try`` blocks are what guarantee that, failover included; the
+chunk-level translation, the lifecycle tracking and a failed turn's continuation it calls
+live in ``translate.py``.)
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from dynamo_thunderagent.dynamo.stats import (
 )
 from dynamo_thunderagent.dynamo.translate import (
     BadSessionHeader,
+    Continuation,
     StreamTracker,
     capacity_cards,
     classify_request,
@@ -70,10 +73,17 @@ log = structlog.get_logger("dynamo_thunderagent.router")
 # with file discovery); without this, sticky programs would keep failing on it and
 # new programs could be placed on it because it looks idle.
 UNREACHABLE_SECONDS = 15.0
+# A turn whose worker fails it mid-stream or before its first chunk goes on on another
+# live worker, at most this many times (each move is logged as request.failover).
+FAILOVER_LIMIT = 2
 # An admitted request that the router is not forwarding this long after admission is
 # ended as aborted (see reap_orphans). Forwarding starts in the same loop step as
 # admission, so any positive bound is safe; a few seconds keeps the log quiet.
 ORPHAN_SECONDS = 5.0
+
+
+class StreamCut(Exception):
+    """A worker's stream ended without a finish reason."""
 
 
 class EngineError(Exception):
@@ -232,24 +242,43 @@ class ThunderAgentRouter:
         # model, whichever timing fields the engine reports.
         first_token_at: float | None = None
         finished_at: float | None = None
+        # What has reached the client, so that a worker lost mid-turn costs the turn nothing.
+        continuation = Continuation(request)
         try:
             forwarded, target = await self._forward(request, admission)
-            async for chunk in await self.kv_router.generate_from_request(forwarded):
-                events = tracker.observe(chunk)
-                first = False
-                if events:  # only on the first chunk, the first token and the finish
-                    first = any(isinstance(e, Sent) for e in events)
-                    for event in events:
-                        if isinstance(event, Responding):
-                            first_token_at = self.clock()
-                        elif isinstance(event, Completed):
-                            finished_at = self.clock()
-                self._report(admission, events, sessionless)
-                if tracker.engine_error is not None:
-                    raise EngineError(tracker.engine_error, streamed=tracker.responding)
-                yield for_frontend(chunk, tracker.sent_to if first else None)
-            self._report(admission, tracker.abort("stream ended without a finish reason"),
-                         sessionless)
+            while True:
+                try:
+                    async for chunk in await self.kv_router.generate_from_request(forwarded):
+                        chunk = continuation.as_one_stream(chunk)
+                        events = tracker.observe(chunk)
+                        first = False
+                        if events:  # only on the first chunk, the first token and the finish
+                            first = any(isinstance(e, Sent) for e in events)
+                            for event in events:
+                                if isinstance(event, Responding):
+                                    first_token_at = self.clock()
+                                elif isinstance(event, Completed):
+                                    finished_at = self.clock()
+                        self._report(admission, events, sessionless)
+                        if tracker.engine_error is not None:
+                            raise EngineError(tracker.engine_error, streamed=tracker.responding)
+                        continuation.carry(chunk)
+                        yield for_frontend(chunk, tracker.sent_to if first else None)
+                    if tracker.terminal is not None:
+                        break
+                    lost: Exception = StreamCut("stream ended without a finish reason")
+                except EngineError:
+                    raise
+                except Exception as error:
+                    lost = error
+                moved = await self._fail_over(lost, continuation, tracker, target, sessionless)
+                if moved is not None:
+                    forwarded, target = moved
+                elif isinstance(lost, StreamCut):
+                    self._report(admission, tracker.abort(str(lost)), sessionless)
+                    break
+                else:
+                    raise lost
         except (GeneratorExit, asyncio.CancelledError) as error:  # the client went away
             self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"),
                          sessionless)
@@ -291,7 +320,7 @@ class ThunderAgentRouter:
             # health check, a client's one-token calibration) or a doctor probe says
             # nothing about them, and one such near-zero decode would become the
             # yardstick (CostMeter keeps the least smoothed decode time it has seen).
-            learn = admission.tracked and not (
+            learn = admission.tracked and not continuation.failovers and not (
                 classify_input.session_id or "").startswith(PROBE_SESSION_PREFIX)
             if learn and isinstance(tracker.terminal, Completed):
                 decode = (None if first_token_at is None or finished_at is None
@@ -363,6 +392,48 @@ class ThunderAgentRouter:
         target = self.selector.select(candidates, admission.preferred, self.block_size)
         return pin_request(request, target), target
 
+    async def _fail_over(
+        self, lost: Exception, continuation: Continuation, tracker: StreamTracker,
+        target: WorkerKey | None, sessionless: int | None,
+    ) -> tuple[dict[str, Any], WorkerKey] | None:
+        """After the worker serving a turn failed it (an error from its stream, or a stream
+        cut without a finish), the request that carries the turn on and the live worker/rank
+        it is pinned to: the least loaded other one, as the selector picks without a home.
+
+        None where the turn cannot go on and ends as before: it had ended already, it moved
+        FAILOVER_LIMIT times, its token budget is spent, or no other live worker is known.
+        The failed worker is avoided for UNREACHABLE_SECONDS (where another is live).
+        """
+        if tracker.terminal is not None:
+            return None
+        failed = tracker.sent_to or target
+        if failed is not None:
+            self._mark_unreachable(failed.worker_id)
+        if continuation.failovers >= FAILOVER_LIMIT:
+            return None
+        following = continuation.next_request()
+        if following is None:
+            return None
+        try:
+            loads = await self.kv_router.get_potential_loads(
+                list(following.get("token_ids") or []))
+        except Exception:  # nowhere known to go: the turn fails with its own error
+            return None
+        candidates = [c for c in worker_loads(loads, self._live_ids())
+                      if failed is None or c.worker.worker_id != failed.worker_id]
+        try:
+            chosen = self.selector.select(candidates, None, self.block_size)
+        except NoEligibleWorker:
+            return None
+        tracker.rerouted()  # the scheduler follows the program to where it runs now
+        if sessionless is not None:
+            self.classifier.sessionless_ended(tracker.request_id)
+        self.stats.failovers += 1
+        log.warning("request.failover", request_id=tracker.request_id, failed=str(failed),
+                    to=str(chosen), streamed_tokens=continuation.carried,
+                    error=f"{type(lost).__name__}: {lost}")
+        return pin_request(following, chosen), chosen
+
     def _live_ids(self) -> frozenset[int]:
         """Live workers by discovery, less those that just failed to take a request."""
         now = self.clock()
@@ -371,6 +442,8 @@ class ThunderAgentRouter:
         return frozenset(self.client.instance_ids()) - set(self._unreachable)
 
     def _mark_unreachable(self, worker_id: int) -> None:
+        if not self._live_ids() - {worker_id}:
+            return  # the only live worker: avoiding it would leave nobody to serve
         if worker_id not in self._unreachable:
             log.warning("worker.unreachable", worker_id=worker_id, seconds=UNREACHABLE_SECONDS)
         self._unreachable[worker_id] = self.clock() + UNREACHABLE_SECONDS

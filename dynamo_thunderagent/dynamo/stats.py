@@ -111,6 +111,8 @@ class RouterStats:
     # Turns sent home because the KV router's loads, which the selector weighs a home
     # against, could not be read or left the home rank out (preferred_load_slack).
     loads_unavailable: int = 0
+    # Turns carried on on another worker after theirs failed them (router FAILOVER_LIMIT).
+    failovers: int = 0
     with_session: int = 0  # requests that carried X-Dynamo-Session-ID (probes left out)
     without_session: int = 0  # requests that did not: plain KV routing, no program
     prompt_tokens: int = 0
@@ -139,6 +141,7 @@ class RouterStats:
             "admission_waiting": len(self.waiting),
             "admission_wait_censored_max_s": None if oldest is None else now - oldest,
             "doctor_probes": self.doctor_probes, "loads_unavailable": self.loads_unavailable,
+            "failovers": self.failovers,
             "with_session": self.with_session, "without_session": self.without_session,
             "recent_with_session": recent_with, "recent_without_session": recent_without,
             "recent_window": {"requests": self.recent.limit, "seconds": self.recent.seconds},

@@ -17,6 +17,7 @@ Shapes (Dynamo 1.6.1, tokenized requests from ``python -m dynamo.frontend``):
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -283,12 +284,95 @@ class StreamTracker:
             return None
         return max(0, (self.usage_prompt_tokens or self.prompt_tokens) - self.cached_tokens)
 
+    def rerouted(self) -> None:
+        """The turn goes on on another worker (failover): its next chunk that names a
+        worker is a ``Sent`` again, so that the scheduler follows the program there."""
+        self.sent_to = None
+
     def abort(self, reason: str) -> list[RequestEvent]:
         """The terminal event if the stream ended any other way; else nothing."""
         if self.terminal is not None:
             return []
         self.terminal = Aborted(self.request_id, reason)
         return [self.terminal]
+
+
+# A turn that streamed more tokens than this cannot go on on another worker: its tokens are
+# not kept (8 bytes each, so at most 512 KiB per request in flight).
+CONTINUATION_MAX_TOKENS = 65_536
+
+
+@dataclass
+class Continuation:
+    """A request's tokens streamed so far, so that its turn can go on on another worker
+    when the one serving it fails (the router's failover).
+
+    The client sees one stream. The next worker is asked for the original prompt plus
+    the tokens already streamed, within what is left of the token budget, and the usage
+    it reports is put back in terms of the original request (:meth:`as_one_stream`).
+    """
+
+    request: Mapping[str, Any]
+    streamed: array[int] = field(default_factory=lambda: array("q"))
+    carried: int = 0  # tokens streamed before the attempt now running began
+    failovers: int = 0
+    overflowed: bool = False  # more than CONTINUATION_MAX_TOKENS streamed: not kept
+
+    def carry(self, chunk: Mapping[str, Any]) -> None:
+        """Note the tokens of a chunk about to reach the client."""
+        tokens = chunk.get("token_ids")
+        if tokens and not self.overflowed:
+            if len(self.streamed) + len(tokens) > CONTINUATION_MAX_TOKENS:
+                self.overflowed = True
+                self.streamed = array("q")
+            else:
+                self.streamed.extend(tokens)
+
+    def next_request(self) -> dict[str, Any] | None:
+        """The request that goes on where the stream stopped, or None when nothing is
+        left to generate (the budget is spent) or the stream was too long to keep."""
+        if self.overflowed:
+            return None
+        request = dict(self.request)
+        done = len(self.streamed)
+        if done:
+            stop = dict(request.get("stop_conditions") or {})
+            budget = stop.get("max_tokens")
+            if budget is not None:
+                if int(budget) - done <= 0:
+                    return None
+                stop["max_tokens"] = int(budget) - done
+            if stop.get("min_tokens"):
+                stop["min_tokens"] = max(0, int(stop["min_tokens"]) - done)
+            request["stop_conditions"] = stop
+            request["token_ids"] = [*(self.request.get("token_ids") or []), *self.streamed]
+        self.carried = done
+        self.failovers += 1
+        return request
+
+    def as_one_stream(self, chunk: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``chunk`` of a continuation with its usage counted as the original request's:
+        the carried tokens are completion, not prompt (cached tokens at most the original
+        prompt). Chunks without usage, and every chunk before a failover, pass unchanged."""
+        usage = chunk.get("completion_usage")
+        if not self.carried or not usage:
+            return chunk
+        usage = dict(usage)
+        carried = self.carried
+        if usage.get("prompt_tokens") is not None:
+            usage["prompt_tokens"] = max(0, int(usage["prompt_tokens"]) - carried)
+        if usage.get("completion_tokens") is not None:
+            usage["completion_tokens"] = int(usage["completion_tokens"]) + carried
+        details = usage.get("prompt_tokens_details")
+        if details and details.get("cached_tokens") is not None and usage.get(
+                "prompt_tokens") is not None:
+            details = dict(details)
+            details["cached_tokens"] = min(int(details["cached_tokens"]),
+                                           int(usage["prompt_tokens"]))
+            usage["prompt_tokens_details"] = details
+        out = dict(chunk)
+        out["completion_usage"] = usage
+        return out
 
 
 def capacity_cards(

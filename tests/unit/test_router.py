@@ -25,11 +25,11 @@ from dynamo_thunderagent.classifier import (
     ThunderAgentClassifier,
 )
 from dynamo_thunderagent.config import ThunderAgentParameters, ThunderAgentSelectorParameters
-from dynamo_thunderagent.dynamo.router import ThunderAgentRouter
+from dynamo_thunderagent.dynamo.router import FAILOVER_LIMIT, ThunderAgentRouter
 from dynamo_thunderagent.program import Lifecycle, Phase, WorkerKey
 from dynamo_thunderagent.selector import ThunderAgentSelector
 
-A, B = 11, 22  # worker instance ids
+A, B, C = 11, 22, 33  # worker instance ids
 
 
 class FakeClock:
@@ -61,7 +61,9 @@ class FakeKvRouter:
     """Serves each request on the worker/rank it is pinned to (like Dynamo's KvRouter).
 
     ``hold`` (if set) is awaited after the first chunk, so a test can look at a
-    request while it is in flight; ``fail_after_first`` raises instead of finishing.
+    request while it is in flight; ``fail_after_first`` raises instead of finishing
+    (``fail_after_first_on``: on those workers only). It generates at most the
+    request's ``max_tokens``.
     """
 
     def __init__(self, tokens: int = 3) -> None:
@@ -71,6 +73,7 @@ class FakeKvRouter:
         self.loads: dict[int, int] = {A: 0, B: 0}  # worker -> potential prefill tokens
         self.hold: asyncio.Event | None = None
         self.fail_after_first: Exception | None = None
+        self.fail_after_first_on: dict[int, Exception] = {}  # worker -> error mid-stream
         self.fail_before_first: dict[int, Exception] = {}  # worker -> error at connect
         self.end_without_finish = False
         self.error_finish: str | None = None  # end with {"error": ...} as the engine does
@@ -91,7 +94,9 @@ class FakeKvRouter:
         rank = routing.get("dp_rank", 0)
         if worker in self.fail_before_first:
             raise self.fail_before_first[worker]
-        chunks = chunk_stream(worker, rank, len(request["token_ids"]), self.tokens)
+        budget = (request.get("stop_conditions") or {}).get("max_tokens")
+        tokens = self.tokens if budget is None else min(self.tokens, budget)
+        chunks = chunk_stream(worker, rank, len(request["token_ids"]), tokens)
         if self.end_without_finish:
             chunks = chunks[:-1]
         if self.error_finish is not None:
@@ -104,6 +109,8 @@ class FakeKvRouter:
                     await self.hold.wait()
                 if self.fail_after_first is not None:
                     raise self.fail_after_first
+                if worker in self.fail_after_first_on:
+                    raise self.fail_after_first_on[worker]
 
 
 class FakeClient:
@@ -318,8 +325,10 @@ async def test_a_request_without_a_session_that_fails_gives_its_room_back() -> N
     h.kv.fail_after_first = RuntimeError("worker died")
     with pytest.raises(RuntimeError):
         await collect(h.router, turn(None, tokens=40), "r1")
-    assert calls == [("started", "r1", str(WorkerKey(A)), "40"), ("ended", "r1")]
-    assert scheduler.capacity.known[WorkerKey(A)] == whole
+    # It failed on A, went on on B (failover), and failed there too.
+    assert calls == [("started", "r1", str(WorkerKey(A)), "40"), ("ended", "r1"),
+                     ("started", "r1", str(WorkerKey(B)), "40"), ("ended", "r1")]
+    assert scheduler.capacity.known[WorkerKey(B)] == whole  # A is put aside for a while
     assert scheduler.snapshot(h.clock())["sessionless_tokens"] == {}
 
 
@@ -344,7 +353,8 @@ async def test_a_request_without_a_session_gives_its_room_back_however_it_ends(
         with contextlib.suppress(Exception):
             async for _ in stream:
                 pass
-    assert scheduler.capacity.known[WorkerKey(A)] == whole
+    # (A stream cut without a finish puts its worker aside for a while: every rank left.)
+    assert set(scheduler.capacity.known.values()) == {whole}
     assert scheduler.snapshot(h.clock())["sessionless_tokens"] == {}
 
 
@@ -489,15 +499,99 @@ async def test_a_worker_that_fails_before_its_first_chunk_is_avoided_until_disco
     home = h.program("s").worker.worker_id
     other = B if home == A else A
     h.kv.fail_before_first[home] = ConnectionError("connection refused")
-    with pytest.raises(RuntimeError, match="connection refused"):
-        await collect(h.router, turn("s"), "r2")
+    chunks = await collect(h.router, turn("s"), "r2")  # served by the other worker
+    assert chunks[-1]["finish_reason"] == "length"
+    assert h.kv.requests[-1]["routing"]["backend_instance_id"] == other
     assert h.router.state()["unreachable_workers"] == [home]
-    # Discovery still lists the dead worker, but the next turn moves to the other one.
+    # Discovery still lists the dead worker, but the next turn stays on the other one.
     await collect(h.router, turn("s"), "r3")
-    assert h.program("s").worker.worker_id == other and h.program("s").steps == 2
+    assert h.kv.requests[-1]["routing"]["backend_instance_id"] == other
+    assert h.program("s").worker.worker_id == other and h.program("s").steps == 3
     h.clock.now += 16  # the quarantine ends; the worker is back if discovery still lists it
     h.router.refresh_workers()
     assert h.router.state()["unreachable_workers"] == []
+
+
+async def test_a_turn_whose_worker_fails_mid_stream_goes_on_on_another_worker() -> None:
+    h = Harness()
+    await collect(h.router, turn("s"), "r1")
+    assert h.program("s").worker == WorkerKey(A)
+    h.kv.fail_after_first_on[A] = ConnectionError("worker went away")
+    learned: list[Any] = []
+    h.classifier.observe_turn = learned.append  # type: ignore[method-assign]
+    request = turn("s", tokens=20)
+    chunks = await collect(h.router, request, "r2")
+    assert learned == []  # a turn split over two workers says nothing of an engine's costs
+
+    # The client sees one stream: the token A sent, then B's two, then B's finish.
+    assert [t for c in chunks for t in c["token_ids"]] == [1000, 1000, 1001]
+    assert chunks[-1]["finish_reason"] == "length"
+    assert chunks[-1]["completion_usage"]["prompt_tokens"] == 20  # the client's prompt
+    assert chunks[-1]["completion_usage"]["completion_tokens"] == 3
+    assert chunks[1]["engine_data"]["thunderagent"] == {"worker_id": B, "dp_rank": 0}
+    # B was asked for the prompt plus what A had streamed, for what was left of the budget.
+    continued = h.kv.requests[-1]
+    assert continued["token_ids"] == [*range(20), 1000]
+    assert continued["stop_conditions"] == {"max_tokens": 2}
+    assert continued["routing"] == {"backend_instance_id": B, "dp_rank": 0}
+    assert request["token_ids"] == list(range(20)), "the frontend's request was modified"
+    # The scheduler followed the program to B and the turn completed once.
+    assert h.events_of("r2") == [Sent("r2", WorkerKey(A)), Responding("r2"),
+                                 Sent("r2", WorkerKey(B)),
+                                 Completed("r2", 20 + 3, cached_tokens=0)]
+    assert h.program("s").worker == WorkerKey(B) and h.program("s").steps == 2
+    assert h.router.state()["unreachable_workers"] == [A]
+    stats = h.router.stats
+    assert (stats.failovers, stats.errors, stats.completed, stats.aborted) == (1, 0, 2, 0)
+    assert h.router.state()["router"]["failovers"] == 1
+    assert h.router.in_flight == {} and h.classifier.scheduler.table.requests == {}
+
+
+async def test_a_turn_fails_over_at_most_the_limit_and_then_fails_with_its_error() -> None:
+    h = Harness()
+    h.client.ids = [A, B, C]
+    h.cards.cards[str(C)] = model_card(256)
+    h.router.refresh_workers()
+    await collect(h.router, turn("s"), "r1")
+    h.kv.loads[C] = 0
+    for worker in (A, B, C):
+        h.kv.fail_after_first_on[worker] = ConnectionError(f"worker {worker} went away")
+    h.kv.tokens = 10
+    turn_request = turn("s", tokens=20)
+    turn_request["stop_conditions"] = {"max_tokens": 10}
+    with pytest.raises(RuntimeError, match="went away"):
+        await collect(h.router, turn_request, "r2")
+    assert len(h.kv.requests) == 2 + FAILOVER_LIMIT  # r1, then r2 and its failovers
+    assert h.router.stats.failovers == FAILOVER_LIMIT and h.router.stats.errors == 1
+    terminal = [e for e in h.events_of("r2") if isinstance(e, (Aborted, Completed))]
+    assert len(terminal) == 1 and isinstance(terminal[0], Aborted)
+    assert h.program("s").phase is Phase.ACTING and h.program("s").current is None
+
+
+async def test_the_only_live_worker_is_not_avoided_after_a_failure() -> None:
+    h = Harness()
+    h.client.ids = [A]
+    h.router.refresh_workers()
+    h.kv.fail_after_first_on[A] = ConnectionError("blip")
+    with pytest.raises(RuntimeError, match="blip"):  # nowhere else to go
+        await collect(h.router, turn("s"), "r1")
+    assert h.router.stats.failovers == 0
+    assert h.router.state()["unreachable_workers"] == []  # or nothing could be served
+    del h.kv.fail_after_first_on[A]
+    chunks = await collect(h.router, turn("s"), "r2")
+    assert chunks[-1]["finish_reason"] == "length"
+
+
+async def test_a_request_without_a_session_fails_over_and_its_room_follows_it() -> None:
+    h = Harness(sessionless_kv="reserve")
+    scheduler = h.classifier.scheduler
+    h.kv.fail_after_first_on[A] = ConnectionError("worker went away")
+    chunks = await collect(h.router, turn(None, tokens=40), "r1")
+    assert chunks[-1]["finish_reason"] == "length"
+    assert h.kv.requests[-1]["routing"] == {"backend_instance_id": B, "dp_rank": 0}
+    assert h.router.stats.failovers == 1 and h.router.stats.passthrough == 1
+    assert scheduler.snapshot(h.clock())["sessionless_tokens"] == {}
+    assert scheduler.capacity.known[WorkerKey(B)] == scheduler.capacity.largest
 
 
 async def test_a_stream_that_ends_without_a_finish_reason_is_aborted() -> None:
@@ -696,7 +790,9 @@ async def test_a_turns_decode_time_is_timed_by_the_router_not_taken_from_the_eng
             h.clock.now += 0.25  # the engine's next pass
 
     h.kv._stream = timed  # type: ignore[method-assign]
-    await collect(h.router, turn("s"), "r1")
+    request = turn("s")
+    request["stop_conditions"] = {"max_tokens": 5}
+    await collect(h.router, request, "r1")
     assert len(seen) == 1
     # First token (the first chunk) to the finish (the sixth): five passes of 0.25 s.
     assert seen[0].decode_seconds == pytest.approx(1.25)

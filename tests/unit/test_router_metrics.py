@@ -91,6 +91,7 @@ async def test_a_deferred_turn_counts_one_pause_one_resume_and_its_wait() -> Non
     # The fake engine reports no cached tokens: every prompt token was computed.
     assert value(after, "prompt_tokens_total") == 220
     assert value(after, "recomputed_tokens_total") == 220
+    assert value(after, "failovers_total") == 0
     usage = h.router.state()["scheduler"]["ranks"][f"{A}/0"]
     assert value(after, "worker_usage_tokens", worker_id=str(A), dp_rank="0") == (
         usage["usage_tokens"])
@@ -125,6 +126,16 @@ async def test_the_resume_loss_gauge_shows_what_paused_programs_found_back_home(
     assert state["keeping_paused"] == [f"{A}/0"]
     assert value(samples(metrics), "worker_resume_loss_ratio", worker_id=str(A),
                  dp_rank="0") == pytest.approx(0.1)
+
+
+async def test_a_turn_carried_on_on_another_worker_counts_one_failover() -> None:
+    h = Harness()
+    metrics = RouterMetrics(h.router, namespace=NS, model=MODEL)
+    h.kv.fail_after_first_on[A] = ConnectionError("worker went away")
+    await collect(h.router, turn("s"), "r1")
+    found = samples(metrics)
+    assert value(found, "failovers_total") == 1
+    assert value(found, "requests_total", outcome="completed") == 1
 
 
 async def test_rejections_are_counted_by_the_limit_they_hit() -> None:

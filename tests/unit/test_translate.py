@@ -11,6 +11,7 @@ from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.classifier import Aborted, Completed, Responding, Sent
 from dynamo_thunderagent.dynamo.translate import (
     BadSessionHeader,
+    Continuation,
     StreamTracker,
     capacity_cards,
     classify_request,
@@ -363,3 +364,52 @@ def test_worker_loads_keep_live_workers_only_sorted_by_worker_and_rank() -> None
         WorkerLoad(WorkerKey(9, 1), 5, 2),
     ]
     assert worker_loads(rows, live_worker_ids=[]) == []
+
+
+# ---- a turn carried on on another worker (failover) -----------------------------------------
+def test_a_continuation_asks_for_the_prompt_plus_what_was_streamed_within_the_budget() -> None:
+    request = {"token_ids": [1, 2, 3], "routing": {},
+               "stop_conditions": {"max_tokens": 5, "min_tokens": 3, "ignore_eos": True}}
+    continuation = Continuation(request)
+    assert continuation.next_request() == request  # nothing streamed: the same request
+    continuation = Continuation(request)
+    continuation.carry({"token_ids": [7]})
+    continuation.carry({"token_ids": []})
+    continuation.carry({"token_ids": [8]})
+    following = continuation.next_request()
+    assert following is not None
+    assert following["token_ids"] == [1, 2, 3, 7, 8]
+    assert following["stop_conditions"] == {"max_tokens": 3, "min_tokens": 1,
+                                            "ignore_eos": True}
+    assert request["token_ids"] == [1, 2, 3] and request["stop_conditions"]["max_tokens"] == 5
+    assert (continuation.carried, continuation.failovers) == (2, 1)
+    continuation.carry({"token_ids": [9, 10, 11]})  # the budget is spent: nothing to ask
+    assert continuation.next_request() is None
+
+
+def test_a_continuations_usage_is_reported_as_the_original_requests() -> None:
+    continuation = Continuation({"token_ids": list(range(10))})
+    chunk = {"token_ids": [5], "completion_usage": {
+        "prompt_tokens": 12, "completion_tokens": 1,
+        "prompt_tokens_details": {"cached_tokens": 12}}}
+    assert continuation.as_one_stream(chunk) is chunk  # before any failover: unchanged
+    continuation.carry({"token_ids": [3, 4]})
+    continuation.next_request()
+    assert continuation.as_one_stream({"token_ids": [5]}) == {"token_ids": [5]}
+    assert continuation.as_one_stream(chunk)["completion_usage"] == {
+        "prompt_tokens": 10, "completion_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 10}}
+    assert chunk["completion_usage"]["prompt_tokens"] == 12  # the worker's chunk is kept
+
+
+def test_a_stream_longer_than_the_bound_is_not_kept_and_cannot_go_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from dynamo_thunderagent.dynamo import translate
+
+    monkeypatch.setattr(translate, "CONTINUATION_MAX_TOKENS", 4)
+    continuation = Continuation({"token_ids": [1], "stop_conditions": {"max_tokens": 100}})
+    continuation.carry({"token_ids": [7, 8, 9]})
+    assert list(continuation.streamed) == [7, 8, 9]
+    continuation.carry({"token_ids": [10, 11]})  # past the bound: memory stays bounded
+    assert len(continuation.streamed) == 0 and continuation.overflowed
+    assert continuation.next_request() is None
