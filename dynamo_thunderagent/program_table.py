@@ -222,6 +222,14 @@ class ProgramTable:
         return usage - self._shared_credit(worker, ledger,
                                            lambda program: weights[program.session_id])
 
+    def shared_prefix_tokens(self, program: Program) -> int:
+        """Leading tokens of ``program``'s last prompt that another program on its rank
+        holds too (a shared system prompt; 0 without prefix hashes or a rank)."""
+        ledger = None if program.worker is None else self._ledger.get(program.worker)
+        if ledger is None or not program.prefix.hashes:
+            return 0
+        return _shared_tokens(ledger, program.prefix)
+
     def members(self, worker: WorkerKey) -> list[Program]:
         """ACTIVE programs assigned to ``worker``, in creation order."""
         return sorted(self._members.get(worker, {}).values(), key=lambda p: p.seq)

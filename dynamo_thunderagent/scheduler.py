@@ -491,8 +491,12 @@ class Scheduler:
                 self.cache_loss.observe(program.worker, request.expected_cached, cached_tokens)
                 self._forget_kept_if_losing(program.worker)
             if request.expected_after_pause:
-                self.resume_loss.observe(program.worker, request.expected_after_pause,
-                                         cached_tokens)
+                # A prompt shared with programs that stayed (a system prompt) is found
+                # whether or not the pause kept anything: only the program's own part says.
+                shared = min(self.table.shared_prefix_tokens(program),
+                             request.expected_after_pause)
+                self.resume_loss.observe(program.worker, request.expected_after_pause - shared,
+                                         cached_tokens - shared)
         program.resident_prompt_tokens = request.input_tokens
         program.current = None
         program.steps += 1

@@ -7,7 +7,14 @@ import pytest
 
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.config import ThunderAgentParameters
-from dynamo_thunderagent.program import Lifecycle, Phase, Program, WorkerKey
+from dynamo_thunderagent.program import (
+    NO_PREFIX,
+    Lifecycle,
+    Phase,
+    PrefixBlocks,
+    Program,
+    WorkerKey,
+)
 from dynamo_thunderagent.scheduler import Decisions, Release, Scheduler
 
 W0 = WorkerKey(0, 0)
@@ -33,11 +40,12 @@ class Harness:
         self.now += seconds
 
     def turn(
-        self, session: str, tokens: int, request_id: str | None = None
+        self, session: str, tokens: int, request_id: str | None = None,
+        prefix: PrefixBlocks = NO_PREFIX,
     ) -> tuple[str, Decisions]:
         self.counter += 1
         rid = request_id or f"{session}-r{self.counter}"
-        d = self.scheduler.submit(rid, session, tokens, self.now)
+        d = self.scheduler.submit(rid, session, tokens, self.now, prefix=prefix)
         self.log.append(d)
         return rid, d
 
@@ -59,9 +67,10 @@ class Harness:
     def program(self, session: str) -> Program:
         return self.scheduler.table.programs[session]
 
-    def acting_on(self, session: str, worker: WorkerKey, tokens: int) -> None:
+    def acting_on(self, session: str, worker: WorkerKey, tokens: int,
+                  prefix: PrefixBlocks = NO_PREFIX) -> None:
         """A program that finished one turn on ``worker`` and is now ACTING."""
-        rid, d = self.turn(session, tokens)
+        rid, d = self.turn(session, tokens, prefix=prefix)
         released = d.outcome(rid)
         assert isinstance(released, Release), f"{session} was not released: {d}"
         self.scheduler.sent(rid, worker, self.now)

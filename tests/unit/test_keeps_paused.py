@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from dynamo_thunderagent.cache_loss import KEEPS_PAUSED_MIN_RESUMES, CacheLossMeter, keeps_paused
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.config import ThunderAgentParameters
-from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.program import PrefixBlocks, WorkerKey
 from dynamo_thunderagent.scheduler import Release
 
 from .conftest import W0, W1, Harness, make, over_threshold_on_w0, waiting_turn_on_w0
@@ -71,6 +71,32 @@ def test_a_paused_program_back_home_reports_what_the_engine_kept() -> None:
     state = h.scheduler.snapshot(h.now)
     assert state["resume_loss"][str(W0)]["turns"] == 1
     assert state["keeping_paused"] == []  # off without the parameter
+
+
+@pytest.mark.parametrize(("found", "loss"), [(640, 1.0), (1_000, 0.0)])
+def test_a_prompt_shared_with_programs_that_stayed_is_left_out_of_the_sample(
+        found: int, loss: float) -> None:
+    # "small" and "big" share a 640-token system prompt (40 blocks). Finding only that
+    # after the pause says nothing of what the pause kept: small's own part was lost
+    # (found 640: loss 1.0, not 0.36). Finding all of it is a kept prompt (loss 0.0).
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, pause_target=0.9,
+             shared_prefix_accounting=True)
+    system = tuple(range(100, 140))
+
+    def own(tag: int) -> PrefixBlocks:
+        return PrefixBlocks((*system, tag), 16)
+
+    h.workers({W0: 10_000})
+    h.acting_on("small", W0, 1_000, prefix=own(1))
+    h.acting_on("big", W0, 8_000, prefix=own(2))
+    h.turn("big", 9_400, prefix=own(2))  # 9,760 counted: past the threshold, small pauses
+    assert h.tick().paused == ["small"]
+    rid, _ = h.turn("small", 1_500, prefix=own(1))
+    h.workers({W0: 100_000})
+    assert Release(rid, W0) in h.tick().released
+    assert h.scheduler.table.shared_prefix_tokens(h.program("small")) == 640
+    h.scheduler.completed(rid, 1_510, h.now, found)
+    assert h.scheduler.resume_loss.loss_ratio(W0) == pytest.approx(loss)
 
 
 def test_a_paused_program_that_moves_or_says_nothing_is_not_a_sample() -> None:
