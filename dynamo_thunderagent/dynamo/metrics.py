@@ -119,8 +119,8 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("recomputed_tokens_total", "counter", (),
      "Prompt tokens prefilled again (prompt tokens less prefix hits)."),
     ("failovers_total", "counter", (),
-     "Turns carried on on another worker after theirs failed them (mid-stream or before "
-     "the first chunk)."),
+     "Moves of a turn to another worker after its worker failed it (mid-stream or before "
+     "the first chunk; a turn moved twice counts twice)."),
     ("policy_reloads_total", "counter", ("result",),
      "Policy reloads (SIGHUP or --watch-policy), by result: ok, invalid, needs_restart."),
     ("lifecycle_events_total", "counter", ("event",),

@@ -58,13 +58,15 @@ from dynamo_thunderagent.dynamo.translate import (
     capacity_cards,
     classify_request,
     for_frontend,
+    may_fail_over,
     pin_request,
     session_final_response,
     worker_loads,
+    worker_lost,
 )
 from dynamo_thunderagent.dynamo.waiting import until_stopped
 from dynamo_thunderagent.program import WorkerKey
-from dynamo_thunderagent.selector import NoEligibleWorker, WorkerSelector
+from dynamo_thunderagent.selector import NoEligibleWorker, WorkerLoad, WorkerSelector
 
 log = structlog.get_logger("dynamo_thunderagent.router")
 
@@ -151,6 +153,8 @@ class ThunderAgentRouter:
         self.passthrough_in_flight = 0
         self._live: frozenset[int] = frozenset()
         self._unreachable: dict[int, float] = {}  # worker id -> until (clock time)
+        # Prompt tokens of failovers sent to each worker/rank and not yet answered.
+        self._pending_failovers: dict[WorkerKey, int] = {}
         self._card_keys: frozenset[WorkerKey] = frozenset()
         self._tasks: list[asyncio.Task[None]] = []
         # Workers serving under the workers' component/endpoint name in the router's own
@@ -247,31 +251,48 @@ class ThunderAgentRouter:
         try:
             forwarded, target = await self._forward(request, admission)
             while True:
+                # Only what the worker's stream raises is the worker's failure; what the
+                # body raises (an engine's error finish, a bug of ours) ends the request.
+                lost: Exception | None = None
+                next_chunk = None
                 try:
-                    async for chunk in await self.kv_router.generate_from_request(forwarded):
-                        chunk = continuation.as_one_stream(chunk)
-                        events = tracker.observe(chunk)
-                        first = False
-                        if events:  # only on the first chunk, the first token and the finish
-                            first = any(isinstance(e, Sent) for e in events)
-                            for event in events:
-                                if isinstance(event, Responding):
-                                    first_token_at = self.clock()
-                                elif isinstance(event, Completed):
-                                    finished_at = self.clock()
-                        self._report(admission, events, sessionless)
-                        if tracker.engine_error is not None:
-                            raise EngineError(tracker.engine_error, streamed=tracker.responding)
-                        continuation.carry(chunk)
-                        yield for_frontend(chunk, tracker.sent_to if first else None)
-                    if tracker.terminal is not None:
-                        break
-                    lost: Exception = StreamCut("stream ended without a finish reason")
-                except EngineError:
-                    raise
+                    stream = await self.kv_router.generate_from_request(forwarded)
+                    next_chunk = stream.__aiter__().__anext__
                 except Exception as error:
                     lost = error
-                moved = await self._fail_over(lost, continuation, tracker, target, sessionless)
+                while next_chunk is not None:
+                    try:
+                        chunk = await next_chunk()
+                    except StopAsyncIteration:
+                        break
+                    except Exception as error:
+                        lost = error
+                        break
+                    if continuation.pending is not None:
+                        self._landed(continuation)
+                    chunk = continuation.as_one_stream(chunk)
+                    events = tracker.observe(chunk)
+                    first = False
+                    if events:  # only on the first chunk, the first token and the finish
+                        first = any(isinstance(e, Sent) for e in events)
+                        for event in events:
+                            if isinstance(event, Responding):
+                                first_token_at = self.clock()
+                            elif isinstance(event, Completed):
+                                finished_at = self.clock()
+                    self._report(admission, events, sessionless)
+                    if tracker.engine_error is not None:
+                        raise EngineError(tracker.engine_error, streamed=tracker.responding)
+                    continuation.carry(chunk)
+                    yield for_frontend(chunk, tracker.sent_to if first else None)
+                if continuation.pending is not None:
+                    self._landed(continuation)
+                if lost is None:
+                    if tracker.terminal is not None:
+                        break
+                    lost = StreamCut("stream ended without a finish reason")
+                moved = await self._fail_over(lost, continuation, tracker, target, sessionless,
+                                              context)
                 if moved is not None:
                     forwarded, target = moved
                 elif isinstance(lost, StreamCut):
@@ -300,7 +321,7 @@ class ThunderAgentRouter:
             self.stats.errors += 1
             log.warning("request.failed", request_id=request_id, worker=str(target),
                         error=repr(error))
-            if target is not None and tracker.sent_to is None:
+            if target is not None and tracker.sent_to is None and worker_lost(error):
                 self._mark_unreachable(target.worker_id)
             # A plain RuntimeError reaches the client as a 500 that keeps this message
             # (the KV router's own errors would surface as a bare 400).
@@ -309,6 +330,8 @@ class ThunderAgentRouter:
                 f"request {request_id} failed at {where}: {type(error).__name__}: {error}"
             ) from error
         finally:
+            if continuation.pending is not None:
+                self._landed(continuation)
             if not admission.tracked:
                 self.passthrough_in_flight -= 1
             elif self.in_flight.get(request_id) is tracker:  # not another request's entry
@@ -394,45 +417,70 @@ class ThunderAgentRouter:
 
     async def _fail_over(
         self, lost: Exception, continuation: Continuation, tracker: StreamTracker,
-        target: WorkerKey | None, sessionless: int | None,
+        target: WorkerKey | None, sessionless: int | None, context: Any,
     ) -> tuple[dict[str, Any], WorkerKey] | None:
-        """After the worker serving a turn failed it (an error from its stream, or a stream
-        cut without a finish), the request that carries the turn on and the live worker/rank
-        it is pinned to: the least loaded other one, as the selector picks without a home.
+        """After the stream of the worker serving a turn failed (it raised ``lost``, or it
+        was cut without a finish), the request that carries the turn on and the live
+        worker/rank it is pinned to: the least loaded other one, as the selector picks
+        without a home, counting failovers sent there and not yet answered.
 
-        None where the turn cannot go on and ends as before: it had ended already, it moved
-        FAILOVER_LIMIT times, its token budget is spent, or no other live worker is known.
-        The failed worker is avoided for UNREACHABLE_SECONDS (where another is live).
+        None where the turn ends as before: it had ended, the client left, the error is not
+        the worker's (:func:`may_fail_over`) or came again as it was on the last worker (the
+        request's own fault), it moved FAILOVER_LIMIT times, its budget is spent or its
+        output cannot be resumed midway, no other live worker is known, or finding one
+        failed. A worker that is gone or unreachable (:func:`worker_lost`) is avoided for
+        UNREACHABLE_SECONDS (where another is live).
         """
-        if tracker.terminal is not None:
+        if tracker.terminal is not None or _stopped(context) or not may_fail_over(lost):
             return None
         failed = tracker.sent_to or target
-        if failed is not None:
+        gone = worker_lost(lost)
+        if failed is not None and gone:
             self._mark_unreachable(failed.worker_id)
-        if continuation.failovers >= FAILOVER_LIMIT:
-            return None
-        following = continuation.next_request()
-        if following is None:
+        signature = f"{type(lost).__name__}: {lost}"
+        repeated, continuation.last_error = continuation.last_error == signature, signature
+        if continuation.failovers >= FAILOVER_LIMIT or (repeated and not gone):
             return None
         try:
-            loads = await self.kv_router.get_potential_loads(
-                list(following.get("token_ids") or []))
-        except Exception:  # nowhere known to go: the turn fails with its own error
-            return None
-        candidates = [c for c in worker_loads(loads, self._live_ids())
-                      if failed is None or c.worker.worker_id != failed.worker_id]
-        try:
+            following = continuation.next_request()
+            if following is None:
+                return None
+            token_ids = list(following.get("token_ids") or [])
+            loads = await self.kv_router.get_potential_loads(token_ids)
+            pending = self._pending_failovers
+            candidates = [
+                WorkerLoad(c.worker, c.prefill_tokens + pending.get(c.worker, 0),
+                           c.decode_blocks)
+                for c in worker_loads(loads, self._live_ids())
+                if failed is None or c.worker.worker_id != failed.worker_id]
             chosen = self.selector.select(candidates, None, self.block_size)
         except NoEligibleWorker:
+            return None
+        except Exception as error:  # the turn fails with the worker's error, not this one
+            log.warning("request.failover_failed", request_id=tracker.request_id,
+                        failed=str(failed), error=repr(error))
             return None
         tracker.rerouted()  # the scheduler follows the program to where it runs now
         if sessionless is not None:
             self.classifier.sessionless_ended(tracker.request_id)
+        pending[chosen] = pending.get(chosen, 0) + len(token_ids)
+        continuation.pending = (chosen, len(token_ids))
         self.stats.failovers += 1
         log.warning("request.failover", request_id=tracker.request_id, failed=str(failed),
-                    to=str(chosen), streamed_tokens=continuation.carried,
-                    error=f"{type(lost).__name__}: {lost}")
+                    to=str(chosen), streamed_tokens=continuation.carried, error=signature)
         return pin_request(following, chosen), chosen
+
+    def _landed(self, continuation: Continuation) -> None:
+        """A failover's stream answered or ended: its load is the KV router's to count."""
+        if continuation.pending is None:
+            return
+        worker, tokens = continuation.pending
+        continuation.pending = None
+        left = self._pending_failovers.get(worker, 0) - tokens
+        if left > 0:
+            self._pending_failovers[worker] = left
+        else:
+            self._pending_failovers.pop(worker, None)
 
     def _live_ids(self) -> frozenset[int]:
         """Live workers by discovery, less those that just failed to take a request."""
@@ -444,11 +492,12 @@ class ThunderAgentRouter:
     def _mark_unreachable(self, worker_id: int) -> None:
         if not self._live_ids() - {worker_id}:
             return  # the only live worker: avoiding it would leave nobody to serve
-        if worker_id not in self._unreachable:
-            log.warning("worker.unreachable", worker_id=worker_id, seconds=UNREACHABLE_SECONDS)
+        new = worker_id not in self._unreachable
         self._unreachable[worker_id] = self.clock() + UNREACHABLE_SECONDS
-        with contextlib.suppress(Exception):
-            self.refresh_workers()  # move its programs now, not at the next refresh
+        if new:
+            log.warning("worker.unreachable", worker_id=worker_id, seconds=UNREACHABLE_SECONDS)
+            with contextlib.suppress(Exception):
+                self.refresh_workers()  # move its programs now, not at the next refresh
 
     def _report(self, admission: Admission, events: list[RequestEvent],
                 sessionless_tokens: int | None = None) -> None:
@@ -562,6 +611,17 @@ class ThunderAgentRouter:
             "block_size": self.block_size,
             **{key: part() for key, part in self.state_extensions.items()},
         }
+
+
+def _stopped(context: Any) -> bool:
+    """Whether the client has gone (Dynamo's context stopped or killed)."""
+    for name in ("is_stopped", "is_killed"):
+        check = getattr(context, name, None)
+        if check is not None:
+            with contextlib.suppress(Exception):
+                if check():
+                    return True
+    return False
 
 
 def _request_id(context: Any) -> str:

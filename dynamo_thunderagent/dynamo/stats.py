@@ -111,7 +111,8 @@ class RouterStats:
     # Turns sent home because the KV router's loads, which the selector weighs a home
     # against, could not be read or left the home rank out (preferred_load_slack).
     loads_unavailable: int = 0
-    # Turns carried on on another worker after theirs failed them (router FAILOVER_LIMIT).
+    # Moves of a turn to another worker after its worker failed it (at most FAILOVER_LIMIT
+    # per turn; a turn moved twice counts twice).
     failovers: int = 0
     with_session: int = 0  # requests that carried X-Dynamo-Session-ID (probes left out)
     without_session: int = 0  # requests that did not: plain KV routing, no program

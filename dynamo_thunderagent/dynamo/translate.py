@@ -301,6 +301,39 @@ class StreamTracker:
 # not kept (8 bytes each, so at most 512 KiB per request in flight).
 CONTINUATION_MAX_TOKENS = 65_536
 
+# Errors from the KV router's stream that say the request itself, or a deliberate refusal,
+# ended it (Dynamo's exception classes, by name): another worker would do the same.
+_NOT_THE_WORKER = frozenset({"InvalidArgument", "Cancelled", "RouterQueueLimitExceeded"})
+# Errors that say the worker is gone or unreachable (Dynamo's classes; Dynamo 1.6.1 raises
+# plain exceptions whose message starts "Unavailable:" for a broken or refused connection).
+_WORKER_LOST = frozenset({"CannotConnect", "Disconnected", "ConnectionTimeout",
+                          "EngineShutdown", "StreamIncomplete"})
+
+
+def may_fail_over(error: BaseException) -> bool:
+    """Whether a stream that ended with ``error`` may go on on another worker."""
+    return type(error).__name__ not in _NOT_THE_WORKER
+
+
+def worker_lost(error: BaseException) -> bool:
+    """Whether ``error`` says the worker itself is gone or unreachable (so it is avoided
+    for a while), rather than that this one request failed on it."""
+    return (type(error).__name__ in _WORKER_LOST
+            or isinstance(error, (ConnectionError, TimeoutError))
+            or str(error).startswith("Unavailable"))
+
+
+def _continuable_midway(request: Mapping[str, Any]) -> bool:
+    """Whether a request's output can be resumed from tokens already streamed: not where
+    the engine must see the output from its start (a grammar, a thinking budget, prompt
+    log-probabilities, several choices)."""
+    sampling = request.get("sampling_options") or {}
+    output = request.get("output_options") or {}
+    stop = request.get("stop_conditions") or {}
+    return (sampling.get("guided_decoding") is None and (sampling.get("n") or 1) <= 1
+            and output.get("prompt_logprobs") is None
+            and stop.get("max_thinking_tokens") is None)
+
 
 @dataclass
 class Continuation:
@@ -317,6 +350,10 @@ class Continuation:
     carried: int = 0  # tokens streamed before the attempt now running began
     failovers: int = 0
     overflowed: bool = False  # more than CONTINUATION_MAX_TOKENS streamed: not kept
+    last_error: str | None = None  # the error the last attempt ended with
+    # The worker/rank and prompt tokens of a failover sent but not yet answered (the
+    # router counts them as load there until the KV router does).
+    pending: tuple[WorkerKey, int] | None = None
 
     def carry(self, chunk: Mapping[str, Any]) -> None:
         """Note the tokens of a chunk about to reach the client."""
@@ -330,11 +367,14 @@ class Continuation:
 
     def next_request(self) -> dict[str, Any] | None:
         """The request that goes on where the stream stopped, or None when nothing is
-        left to generate (the budget is spent) or the stream was too long to keep."""
+        left to generate (the budget is spent), the stream was too long to keep, or the
+        request's output cannot be resumed midway (:func:`_continuable_midway`)."""
         if self.overflowed:
             return None
         request = dict(self.request)
         done = len(self.streamed)
+        if done and not _continuable_midway(request):
+            return None
         if done:
             stop = dict(request.get("stop_conditions") or {})
             budget = stop.get("max_tokens")

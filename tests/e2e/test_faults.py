@@ -296,7 +296,7 @@ async def test_a_worker_replaced_mid_load_takes_new_programs_and_loses_nothing(
             return lambda session: agent_turns(
                 client, session, stop, outcomes,
                 lambda data: served_by.setdefault(session, []).append(data["worker_id"]),
-                max_tokens=16)
+                max_tokens=48)  # turns long enough to be caught by the kill
 
         first = [f"replace-{i}" for i in range(6)]
         later = [f"after-{i}" for i in range(4)]

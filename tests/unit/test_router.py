@@ -76,6 +76,7 @@ class FakeKvRouter:
         self.fail_after_first_on: dict[int, Exception] = {}  # worker -> error mid-stream
         self.fail_before_first: dict[int, Exception] = {}  # worker -> error at connect
         self.end_without_finish = False
+        self.end_without_finish_on: set[int] = set()  # workers that cut the stream
         self.error_finish: str | None = None  # end with {"error": ...} as the engine does
 
     async def get_potential_loads(self, token_ids: list[int]) -> list[dict[str, int]]:
@@ -99,6 +100,8 @@ class FakeKvRouter:
         chunks = chunk_stream(worker, rank, len(request["token_ids"]), tokens)
         if self.end_without_finish:
             chunks = chunks[:-1]
+        elif worker in self.end_without_finish_on:
+            chunks = chunks[:1]  # one token, then the stream just ends
         if self.error_finish is not None:
             chunks = [{"token_ids": [], "finish_reason": {"error": self.error_finish},
                        "routing_data": chunks[0]["routing_data"]}]
@@ -143,6 +146,9 @@ class FakeContext:
 
     def id(self) -> str:
         return self.request_id
+
+    def is_stopped(self) -> bool:
+        return self.stopped.is_set()
 
     async def async_killed_or_stopped(self) -> bool:
         await self.stopped.wait()
@@ -548,12 +554,8 @@ async def test_a_turn_whose_worker_fails_mid_stream_goes_on_on_another_worker() 
 
 
 async def test_a_turn_fails_over_at_most_the_limit_and_then_fails_with_its_error() -> None:
-    h = Harness()
-    h.client.ids = [A, B, C]
-    h.cards.cards[str(C)] = model_card(256)
-    h.router.refresh_workers()
+    h = three_workers()
     await collect(h.router, turn("s"), "r1")
-    h.kv.loads[C] = 0
     for worker in (A, B, C):
         h.kv.fail_after_first_on[worker] = ConnectionError(f"worker {worker} went away")
     h.kv.tokens = 10
@@ -580,6 +582,137 @@ async def test_the_only_live_worker_is_not_avoided_after_a_failure() -> None:
     del h.kv.fail_after_first_on[A]
     chunks = await collect(h.router, turn("s"), "r2")
     assert chunks[-1]["finish_reason"] == "length"
+
+
+def three_workers() -> Harness:
+    h = Harness()
+    h.client.ids = [A, B, C]
+    h.cards.cards[str(C)] = model_card(256)
+    h.kv.loads[C] = 0
+    h.router.refresh_workers()
+    return h
+
+
+async def test_a_stream_cut_without_a_finish_goes_on_on_another_worker() -> None:
+    h = Harness()
+    h.kv.end_without_finish_on.add(A)
+    chunks = await collect(h.router, turn("s", tokens=20), "r1")
+    assert [t for c in chunks for t in c["token_ids"]] == [1000, 1000, 1001]
+    assert chunks[-1]["finish_reason"] == "length"
+    assert [type(e) for e in h.events_of("r1")] == [Sent, Responding, Sent, Completed]
+    # Whatever the engine's usage said on each chunk, it is the client's prompt.
+    assert {c["completion_usage"]["prompt_tokens"] for c in chunks
+            if "completion_usage" in c} == {20}
+    assert h.router.state()["unreachable_workers"] == []  # a cut is not a dead worker
+
+
+async def test_an_error_that_is_not_the_workers_fails_over_once_without_avoiding_it() -> None:
+    h = three_workers()
+    h.kv.fail_after_first_on[A] = RuntimeError("engine hiccup")
+    chunks = await collect(h.router, turn("s", tokens=20), "r1")
+    assert chunks[-1]["finish_reason"] == "length"
+    assert h.router.state()["unreachable_workers"] == []  # not a lost worker: not avoided
+    # The same error on the next worker too: the request's own fault, no third try.
+    for worker in (A, B, C):
+        h.kv.fail_after_first_on[worker] = RuntimeError("bad request")
+    sent = len(h.kv.requests)
+    with pytest.raises(RuntimeError, match="bad request"):
+        await collect(h.router, turn("t", tokens=20), "r2")
+    assert len(h.kv.requests) == sent + 2 and h.router.stats.failovers == 2
+
+
+async def test_refusals_and_our_own_errors_are_not_failed_over(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from dynamo_thunderagent.dynamo import router as router_module
+
+    h = Harness()
+
+    class InvalidArgument(Exception):  # Dynamo's class, by name
+        pass
+
+    h.kv.fail_after_first_on[A] = InvalidArgument("bad sampling options")
+    with pytest.raises(RuntimeError, match="bad sampling options"):
+        await collect(h.router, turn("s"), "r1")
+    assert len(h.kv.requests) == 1
+    del h.kv.fail_after_first_on[A]
+
+    def broken(*args: Any) -> None:  # a bug on our side while the worker is fine
+        raise KeyError("ours")
+
+    monkeypatch.setattr(router_module, "for_frontend", broken)
+    with pytest.raises(RuntimeError, match="ours"):
+        await collect(h.router, turn("t"), "r2")
+    assert len(h.kv.requests) == 2 and h.router.stats.failovers == 0
+    assert h.router.state()["unreachable_workers"] == []
+
+
+async def test_no_failover_for_a_client_that_has_left() -> None:
+    h = Harness()
+    h.kv.hold = asyncio.Event()
+    h.kv.fail_after_first_on[A] = ConnectionError("worker went away")
+    context = FakeContext("r1")
+    stream = h.router.generate(turn("s"), context)
+    await stream.__anext__()  # the first token; the worker is held there
+    context.stopped.set()  # the client leaves, then the worker fails
+    h.kv.hold.set()
+    with pytest.raises(RuntimeError, match="went away"):
+        await stream.__anext__()
+    assert len(h.kv.requests) == 1 and h.router.stats.failovers == 0
+    assert h.router.in_flight == {} and h.classifier.scheduler.table.requests == {}
+
+
+async def test_a_failed_search_for_another_worker_keeps_the_workers_error() -> None:
+    h = Harness()
+    h.kv.fail_after_first_on[A] = ConnectionError("worker went away")
+
+    async def broken(token_ids: list[int]) -> list[dict[str, int]]:
+        raise OSError("kv router down")
+
+    h.kv.get_potential_loads = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="went away"):
+        await collect(h.router, turn("s"), "r1")
+    assert h.router.stats.failovers == 0 and h.router.stats.errors == 1
+
+
+@pytest.mark.parametrize("field", ["guided_decoding", "max_thinking_tokens"])
+async def test_output_that_cannot_resume_midway_fails_over_only_before_its_first_token(
+        field: str) -> None:
+    h = Harness()
+    request = turn("s", tokens=20)
+    if field == "guided_decoding":
+        request["sampling_options"] = {"guided_decoding": {"json": {"type": "object"}}}
+    else:
+        request["stop_conditions"] = {"max_tokens": 3, "max_thinking_tokens": 100}
+    h.kv.fail_before_first[A] = ConnectionError("connection refused")
+    chunks = await collect(h.router, request, "r1")  # nothing streamed yet: it goes on
+    assert chunks[-1]["finish_reason"] == "length" and h.router.stats.failovers == 1
+    h.kv.fail_before_first.clear()
+    h.kv.fail_after_first_on[B] = ConnectionError("worker went away")  # s lives on B now
+    with pytest.raises(RuntimeError, match="went away"):
+        await collect(h.router, request, "r2")
+    assert h.router.stats.failovers == 1
+
+
+async def test_failovers_from_one_worker_spread_over_the_others() -> None:
+    from dynamo_thunderagent.dynamo.translate import Continuation, StreamTracker
+
+    h = three_workers()
+    picks = []
+    continuations = []
+    for rid in ("r1", "r2"):
+        tracker = StreamTracker(rid, 10)
+        tracker.sent_to = WorkerKey(A)
+        continuation = Continuation(turn(None))
+        moved = await h.router._fail_over(ConnectionError("gone"), continuation, tracker,
+                                          WorkerKey(A), None, None)
+        assert moved is not None
+        picks.append(moved[1])
+        continuations.append(continuation)
+    # The KV router has not counted the first yet: the second goes elsewhere.
+    assert picks == [WorkerKey(B), WorkerKey(C)]
+    for continuation in continuations:
+        h.router._landed(continuation)
+    assert h.router._pending_failovers == {}
 
 
 async def test_a_request_without_a_session_fails_over_and_its_room_follows_it() -> None:

@@ -413,3 +413,19 @@ def test_a_stream_longer_than_the_bound_is_not_kept_and_cannot_go_on(
     continuation.carry({"token_ids": [10, 11]})  # past the bound: memory stays bounded
     assert len(continuation.streamed) == 0 and continuation.overflowed
     assert continuation.next_request() is None
+
+
+def test_which_errors_are_the_workers_and_which_may_fail_over() -> None:
+    from dynamo_thunderagent.dynamo.translate import may_fail_over, worker_lost
+
+    def named(name: str, message: str = "x") -> Exception:
+        return type(name, (Exception,), {})(message)
+
+    # Dynamo 1.6.1: a killed worker's stream, and a connection it refuses.
+    assert worker_lost(ValueError("Unavailable: Stream ended before generation completed"))
+    assert worker_lost(Exception("Unavailable: TCP connection to 127.0.0.1:1 failed"))
+    assert worker_lost(named("Disconnected")) and worker_lost(ConnectionResetError())
+    assert not worker_lost(RuntimeError("engine hiccup"))
+    assert may_fail_over(RuntimeError("engine hiccup"))
+    for refusal in ("InvalidArgument", "Cancelled", "RouterQueueLimitExceeded"):
+        assert not may_fail_over(named(refusal))
