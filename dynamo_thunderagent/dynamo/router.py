@@ -26,7 +26,7 @@ import contextlib
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import structlog
@@ -254,10 +254,11 @@ class ThunderAgentRouter:
                 # Only what the worker's stream raises is the worker's failure; what the
                 # body raises (an engine's error finish, a bug of ours) ends the request.
                 lost: Exception | None = None
-                next_chunk = None
+                next_chunk: Callable[[], Awaitable[Any]] | None = None
                 try:
                     stream = await self.kv_router.generate_from_request(forwarded)
                     next_chunk = stream.__aiter__().__anext__
+                    del stream  # held by next_chunk while it streams, and no longer
                 except Exception as error:
                     lost = error
                 while next_chunk is not None:
@@ -287,12 +288,18 @@ class ThunderAgentRouter:
                     yield for_frontend(chunk, tracker.sent_to if first else None)
                 if continuation.pending is not None:
                     self._landed(continuation)
+                next_chunk = None  # the failed stream is not kept while we look on
                 if lost is None:
                     if tracker.terminal is not None:
                         break
                     lost = StreamCut("stream ended without a finish reason")
-                moved = await self._fail_over(lost, continuation, tracker, target, sessionless,
-                                              context)
+                try:
+                    moved = await self._fail_over(lost, continuation, tracker, target,
+                                                  sessionless, context)
+                except Exception as error:  # the turn fails with the worker's error
+                    log.warning("request.failover_failed", request_id=request_id,
+                                error=repr(error))
+                    moved = None
                 if moved is not None:
                     forwarded, target = moved
                 elif isinstance(lost, StreamCut):
@@ -421,44 +428,47 @@ class ThunderAgentRouter:
     ) -> tuple[dict[str, Any], WorkerKey] | None:
         """After the stream of the worker serving a turn failed (it raised ``lost``, or it
         was cut without a finish), the request that carries the turn on and the live
-        worker/rank it is pinned to: the least loaded other one, as the selector picks
-        without a home, counting failovers sent there and not yet answered.
+        worker/rank it is pinned to: the least loaded live one that has not failed this turn,
+        as the selector picks without a home, counting failovers sent there and not yet
+        answered.
 
         None where the turn ends as before: it had ended, the client left, the error is not
         the worker's (:func:`may_fail_over`) or came again as it was on the last worker (the
-        request's own fault), it moved FAILOVER_LIMIT times, its budget is spent or its
-        output cannot be resumed midway, no other live worker is known, or finding one
-        failed. A worker that is gone or unreachable (:func:`worker_lost`) is avoided for
-        UNREACHABLE_SECONDS (where another is live).
+        request's own fault; not a lost worker's error, nor a cut stream), it moved
+        FAILOVER_LIMIT times, its budget is spent or its output cannot be resumed midway, or
+        no other live worker is known. Anything raised here (the KV router's loads, say) the
+        caller logs, and the turn fails with the worker's error. A worker that is gone or
+        unreachable (:func:`worker_lost`) is avoided for UNREACHABLE_SECONDS (where another
+        is live).
         """
         if tracker.terminal is not None or _stopped(context) or not may_fail_over(lost):
             return None
         failed = tracker.sent_to or target
         gone = worker_lost(lost)
-        if failed is not None and gone:
-            self._mark_unreachable(failed.worker_id)
+        if failed is not None:
+            continuation.failed_workers.add(failed.worker_id)  # not asked again for this turn
+            if gone:
+                self._mark_unreachable(failed.worker_id)
+        # The same error from the next worker is the request's own fault; a lost worker's
+        # error, or a cut stream, says nothing about the request (two may fail in turn).
         signature = f"{type(lost).__name__}: {lost}"
         repeated, continuation.last_error = continuation.last_error == signature, signature
-        if continuation.failovers >= FAILOVER_LIMIT or (repeated and not gone):
+        if continuation.failovers >= FAILOVER_LIMIT or (
+                repeated and not gone and not isinstance(lost, StreamCut)):
             return None
+        following = continuation.next_request()
+        if following is None:
+            return None
+        token_ids = list(following.get("token_ids") or [])
+        loads = await self.kv_router.get_potential_loads(token_ids)
+        pending = self._pending_failovers
+        candidates = [
+            WorkerLoad(c.worker, c.prefill_tokens + pending.get(c.worker, 0), c.decode_blocks)
+            for c in worker_loads(loads, self._live_ids())
+            if c.worker.worker_id not in continuation.failed_workers]
         try:
-            following = continuation.next_request()
-            if following is None:
-                return None
-            token_ids = list(following.get("token_ids") or [])
-            loads = await self.kv_router.get_potential_loads(token_ids)
-            pending = self._pending_failovers
-            candidates = [
-                WorkerLoad(c.worker, c.prefill_tokens + pending.get(c.worker, 0),
-                           c.decode_blocks)
-                for c in worker_loads(loads, self._live_ids())
-                if failed is None or c.worker.worker_id != failed.worker_id]
             chosen = self.selector.select(candidates, None, self.block_size)
         except NoEligibleWorker:
-            return None
-        except Exception as error:  # the turn fails with the worker's error, not this one
-            log.warning("request.failover_failed", request_id=tracker.request_id,
-                        failed=str(failed), error=repr(error))
             return None
         tracker.rerouted()  # the scheduler follows the program to where it runs now
         if sessionless is not None:

@@ -306,13 +306,17 @@ CONTINUATION_MAX_TOKENS = 65_536
 _NOT_THE_WORKER = frozenset({"InvalidArgument", "Cancelled", "RouterQueueLimitExceeded"})
 # Errors that say the worker is gone or unreachable (Dynamo's classes; Dynamo 1.6.1 raises
 # plain exceptions whose message starts "Unavailable:" for a broken or refused connection).
+# WorkerUnavailable is not one: it says no worker on the route can serve yet, not which.
 _WORKER_LOST = frozenset({"CannotConnect", "Disconnected", "ConnectionTimeout",
                           "EngineShutdown", "StreamIncomplete"})
 
 
 def may_fail_over(error: BaseException) -> bool:
-    """Whether a stream that ended with ``error`` may go on on another worker."""
-    return type(error).__name__ not in _NOT_THE_WORKER
+    """Whether a stream that ended with ``error`` may go on on another worker: not a
+    refusal, Dynamo's own classes or a worker's (an unsupported option, a grammar that does
+    not parse: Dynamo 1.6.1 passes these as text that holds "BackendInvalidArgument: ")."""
+    return (type(error).__name__ not in _NOT_THE_WORKER
+            and "BackendInvalidArgument: " not in str(error))
 
 
 def worker_lost(error: BaseException) -> bool:
@@ -320,7 +324,7 @@ def worker_lost(error: BaseException) -> bool:
     for a while), rather than that this one request failed on it."""
     return (type(error).__name__ in _WORKER_LOST
             or isinstance(error, (ConnectionError, TimeoutError))
-            or str(error).startswith("Unavailable"))
+            or str(error).startswith("Unavailable:"))
 
 
 def _continuable_midway(request: Mapping[str, Any]) -> bool:
@@ -351,6 +355,7 @@ class Continuation:
     failovers: int = 0
     overflowed: bool = False  # more than CONTINUATION_MAX_TOKENS streamed: not kept
     last_error: str | None = None  # the error the last attempt ended with
+    failed_workers: set[int] = field(default_factory=set)  # ids that failed this turn
     # The worker/rank and prompt tokens of a failover sent but not yet answered (the
     # router counts them as load there until the KV router does).
     pending: tuple[WorkerKey, int] | None = None

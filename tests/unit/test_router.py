@@ -555,9 +555,13 @@ async def test_a_turn_whose_worker_fails_mid_stream_goes_on_on_another_worker() 
 
 async def test_a_turn_fails_over_at_most_the_limit_and_then_fails_with_its_error() -> None:
     h = three_workers()
+    h.client.ids.append(44)  # a fourth worker: one is left when the limit stops the turn
+    h.cards.cards["44"] = model_card(256)
+    h.kv.loads[44] = 0
+    h.router.refresh_workers()
     await collect(h.router, turn("s"), "r1")
-    for worker in (A, B, C):
-        h.kv.fail_after_first_on[worker] = ConnectionError(f"worker {worker} went away")
+    for worker in (A, B, C, 44):  # not lost workers (none put aside), each its own error
+        h.kv.fail_after_first_on[worker] = RuntimeError(f"worker {worker} went away")
     h.kv.tokens = 10
     turn_request = turn("s", tokens=20)
     turn_request["stop_conditions"] = {"max_tokens": 10}
@@ -591,6 +595,16 @@ def three_workers() -> Harness:
     h.kv.loads[C] = 0
     h.router.refresh_workers()
     return h
+
+
+async def test_a_stream_cut_twice_still_moves_up_to_the_limit() -> None:
+    h = three_workers()
+    h.kv.end_without_finish_on.update({A, B})  # two workers drained in turn
+    request = turn("s", tokens=20)
+    request["stop_conditions"] = {"max_tokens": 3}
+    chunks = await collect(h.router, request, "r1")
+    assert [t for c in chunks for t in c["token_ids"]] == [1000, 1000, 1000]
+    assert chunks[-1]["finish_reason"] == "length" and h.router.stats.failovers == 2
 
 
 async def test_a_stream_cut_without_a_finish_goes_on_on_another_worker() -> None:
@@ -674,23 +688,29 @@ async def test_a_failed_search_for_another_worker_keeps_the_workers_error() -> N
     assert h.router.stats.failovers == 0 and h.router.stats.errors == 1
 
 
-@pytest.mark.parametrize("field", ["guided_decoding", "max_thinking_tokens"])
+@pytest.mark.parametrize("field", ["guided_decoding", "max_thinking_tokens", "n",
+                                   "prompt_logprobs"])
 async def test_output_that_cannot_resume_midway_fails_over_only_before_its_first_token(
         field: str) -> None:
-    h = Harness()
+    h = three_workers()
     request = turn("s", tokens=20)
     if field == "guided_decoding":
         request["sampling_options"] = {"guided_decoding": {"json": {"type": "object"}}}
+    elif field == "n":
+        request["sampling_options"] = {"n": 2}
+    elif field == "prompt_logprobs":
+        request["output_options"] = {"prompt_logprobs": 1}
     else:
         request["stop_conditions"] = {"max_tokens": 3, "max_thinking_tokens": 100}
-    h.kv.fail_before_first[A] = ConnectionError("connection refused")
+    h.kv.fail_before_first[A] = RuntimeError("refused")  # not a lost worker: A stays in
     chunks = await collect(h.router, request, "r1")  # nothing streamed yet: it goes on
     assert chunks[-1]["finish_reason"] == "length" and h.router.stats.failovers == 1
     h.kv.fail_before_first.clear()
-    h.kv.fail_after_first_on[B] = ConnectionError("worker went away")  # s lives on B now
-    with pytest.raises(RuntimeError, match="went away"):
+    h.kv.fail_after_first_on[B] = RuntimeError("hiccup")  # s lives on B now; A and C live
+    sent = len(h.kv.requests)
+    with pytest.raises(RuntimeError, match="hiccup"):
         await collect(h.router, request, "r2")
-    assert h.router.stats.failovers == 1
+    assert len(h.kv.requests) == sent + 1 and h.router.stats.failovers == 1
 
 
 async def test_failovers_from_one_worker_spread_over_the_others() -> None:

@@ -429,3 +429,7 @@ def test_which_errors_are_the_workers_and_which_may_fail_over() -> None:
     assert may_fail_over(RuntimeError("engine hiccup"))
     for refusal in ("InvalidArgument", "Cancelled", "RouterQueueLimitExceeded"):
         assert not may_fail_over(named(refusal))
+    # A worker's own refusal, as Dynamo 1.6.1 passes it on.
+    assert not may_fail_over(Exception(
+        'Unavailable: BackendInvalidArgument: {"message": "bad grammar", "code": 400}'))
+    assert not worker_lost(RuntimeError("Unavailableness is not a connection error"))
