@@ -388,9 +388,10 @@ async def test_killed_worker_moves_its_programs_and_leaves_nothing_behind(
         for session in sessions:
             assert set(served[session][mark[session]:]) == {survivor}, served[session]
 
-        assert failures, "the turn in flight on the killed worker did not fail"
-        timeouts = [f for f in failures if isinstance(f, openai.APITimeoutError)]
-        assert not timeouts, f"requests hung instead of failing: {timeouts[:3]}"
+        # The turn in flight on the killed worker went on on the survivor (failover): no
+        # client saw an error, and nothing hung.
+        assert not failures, f"turns failed or hung: {failures[:3]}"
+        assert moved["router"]["failovers"] >= 1, moved["router"]
 
         final = await async_wait_for_state(stack, idle, "no program or request left behind")
         assert programs(final) == {} and final["scheduler"]["tracked_requests"] == 0
