@@ -289,9 +289,9 @@ class ThunderAgentRouter:
                 if continuation.pending is not None:
                     self._landed(continuation)
                 next_chunk = None  # the failed stream is not kept while we look on
+                if tracker.terminal is not None:
+                    break  # it finished: an error after the finish costs the client nothing
                 if lost is None:
-                    if tracker.terminal is not None:
-                        break
                     lost = StreamCut("stream ended without a finish reason")
                 try:
                     moved = await self._fail_over(lost, continuation, tracker, target,

@@ -597,6 +597,16 @@ def three_workers() -> Harness:
     return h
 
 
+async def test_an_error_after_the_finish_is_not_the_clients_nor_a_failover() -> None:
+    h = Harness()
+    h.kv.tokens = 0  # the first chunk is the finish; the stream then breaks
+    h.kv.fail_after_first_on[A] = ConnectionError("connection reset")
+    chunks = await collect(h.router, turn("s"), "r1")
+    assert chunks[-1]["finish_reason"] == "length"
+    stats = h.router.stats
+    assert (stats.completed, stats.errors, stats.failovers) == (1, 0, 0)
+
+
 async def test_a_stream_cut_twice_still_moves_up_to_the_limit() -> None:
     h = three_workers()
     h.kv.end_without_finish_on.update({A, B})  # two workers drained in turn
