@@ -269,7 +269,7 @@ class ThunderAgentRouter:
                     except Exception as error:
                         lost = error
                         break
-                    if continuation.pending is not None:
+                    if continuation.pending is not None:  # checked here: once a chunk
                         self._landed(continuation)
                     chunk = continuation.as_one_stream(chunk)
                     events = tracker.observe(chunk)
@@ -286,8 +286,7 @@ class ThunderAgentRouter:
                         raise EngineError(tracker.engine_error, streamed=tracker.responding)
                     continuation.carry(chunk)
                     yield for_frontend(chunk, tracker.sent_to if first else None)
-                if continuation.pending is not None:
-                    self._landed(continuation)
+                self._landed(continuation)
                 next_chunk = None  # the failed stream is not kept while we look on
                 if tracker.terminal is not None:
                     break  # it finished: an error after the finish costs the client nothing
@@ -337,8 +336,7 @@ class ThunderAgentRouter:
                 f"request {request_id} failed at {where}: {type(error).__name__}: {error}"
             ) from error
         finally:
-            if continuation.pending is not None:
-                self._landed(continuation)
+            self._landed(continuation)
             if not admission.tracked:
                 self.passthrough_in_flight -= 1
             elif self.in_flight.get(request_id) is tracker:  # not another request's entry

@@ -554,11 +554,7 @@ async def test_a_turn_whose_worker_fails_mid_stream_goes_on_on_another_worker() 
 
 
 async def test_a_turn_fails_over_at_most_the_limit_and_then_fails_with_its_error() -> None:
-    h = three_workers()
-    h.client.ids.append(44)  # a fourth worker: one is left when the limit stops the turn
-    h.cards.cards["44"] = model_card(256)
-    h.kv.loads[44] = 0
-    h.router.refresh_workers()
+    h = three_workers(44)  # a fourth worker: one is left when the limit stops the turn
     await collect(h.router, turn("s"), "r1")
     for worker in (A, B, C, 44):  # not lost workers (none put aside), each its own error
         h.kv.fail_after_first_on[worker] = RuntimeError(f"worker {worker} went away")
@@ -588,11 +584,13 @@ async def test_the_only_live_worker_is_not_avoided_after_a_failure() -> None:
     assert chunks[-1]["finish_reason"] == "length"
 
 
-def three_workers() -> Harness:
+def three_workers(*more: int) -> Harness:
+    """A harness whose router sees workers A, B, C and any ``more``, all alike."""
     h = Harness()
-    h.client.ids = [A, B, C]
-    h.cards.cards[str(C)] = model_card(256)
-    h.kv.loads[C] = 0
+    for worker in (C, *more):
+        h.client.ids.append(worker)
+        h.cards.cards[str(worker)] = model_card(256)
+        h.kv.loads[worker] = 0
     h.router.refresh_workers()
     return h
 
