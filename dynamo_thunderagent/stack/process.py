@@ -13,7 +13,9 @@ import random
 import signal
 import socket
 import subprocess
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,27 +88,51 @@ def process_cpu_seconds(pid: int) -> float | None:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+# A port handed to a process is free until that process binds it, which can take seconds: a
+# probe bind cannot tell it from a free one, so the next pick could hand out the same port (a
+# stack picks all its processes' ports before they start; with random picks the chance of two
+# alike is small per stack and not small per test suite). Remember the recent picks and skip
+# them.
+_PICK_TRIES = 200
+_RECENT_PICKS: deque[int] = deque(maxlen=512)
+_PICKS_LOCK = threading.Lock()
+
+
+def _claim(port: int) -> bool:
+    """Record ``port`` as handed out; False when it was handed out lately."""
+    with _PICKS_LOCK:
+        if port in _RECENT_PICKS:
+            return False
+        _RECENT_PICKS.append(port)
+        return True
+
+
 def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port free on 127.0.0.1 right now (the OS picks it) and not handed out lately."""
+    for _ in range(_PICK_TRIES):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((LOOPBACK, 0))
+            port = int(sock.getsockname()[1])
+        if _claim(port):
+            return port
+    raise StackError("the OS kept handing out ports that were handed out lately")
 
 
 def free_system_port() -> int:
     """A free port for ``DYN_SYSTEM_PORT``, which Dynamo 1.6.1 parses as an i16 (<= 32767).
 
     The OS hands out ephemeral ports above that, so pick at random below the ephemeral range
-    and keep the first one that binds.
+    and keep the first one that binds and was not handed out lately.
     """
     rng = random.SystemRandom()
-    for _ in range(200):
+    for _ in range(_PICK_TRIES):
         port = rng.randint(SYSTEM_PORT_RANGE[0], SYSTEM_PORT_RANGE[1])
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((LOOPBACK, port))
             except OSError:
                 continue
+        if _claim(port):
             return port
     raise StackError(f"no free port in {SYSTEM_PORT_RANGE} for DYN_SYSTEM_PORT")
 
