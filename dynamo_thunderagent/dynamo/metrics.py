@@ -121,6 +121,9 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("failovers_total", "counter", (),
      "Moves of a turn to another worker after its worker failed it (mid-stream or before "
      "the first chunk; a turn moved twice counts twice)."),
+    ("stalled_streams_total", "counter", (),
+     "Streams cut because their worker left discovery and they streamed nothing for a "
+     "while (a hung worker); each then fails over."),
     ("policy_reloads_total", "counter", ("result",),
      "Policy reloads (SIGHUP or --watch-policy), by result: ok, invalid, needs_restart."),
     ("lifecycle_events_total", "counter", ("event",),
@@ -207,7 +210,8 @@ class StateCollector(Collector):
         for name, value in (("prompt_tokens_total", stats.prompt_tokens),
                             ("cached_tokens_total", stats.cached_tokens),
                             ("recomputed_tokens_total", stats.prompt_tokens - stats.cached_tokens),
-                            ("failovers_total", stats.failovers)):
+                            ("failovers_total", stats.failovers),
+                            ("stalled_streams_total", stats.stalled)):
             family = self._family(CounterMetricFamily, name)
             family.add_metric(base, value)
             yield family

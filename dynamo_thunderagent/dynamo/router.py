@@ -8,12 +8,12 @@ Request path (one asyncio task per request, driven by Dynamo)::
         chunks streamed back unchanged, lifecycle events to the classifier
         (a worker that fails the stream: the rest from another one, _fail_over)
 
-Background tasks: a worker watch (live instance ids + capacity cards, every
-``refresh_interval`` seconds), the scheduler tick (every
+Background tasks: a worker watch (live instance ids + capacity cards, and streams stalled
+on a worker that left, every ``refresh_interval`` seconds), the scheduler tick (every
 ``classifier.tick_interval``), and an optional loopback HTTP server with the
 router's state for operators and tests.
 
-(About 640 lines: ``generate`` is one handler because every request must end in exactly
+(About 670 lines: ``generate`` is one handler because every request must end in exactly
 one terminal state, and its ``try`` blocks are what guarantee that, failover included; the
 chunk-level translation, the lifecycle tracking and a failed turn's continuation it calls
 live in ``translate.py``.)
@@ -26,6 +26,7 @@ import contextlib
 import itertools
 import time
 import uuid
+from asyncio import current_task
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
@@ -43,6 +44,7 @@ from dynamo_thunderagent.classifier import (
     Sent,
 )
 from dynamo_thunderagent.costs import TurnTiming
+from dynamo_thunderagent.dynamo.stalls import StallWatch, Watched, WorkerLeft
 from dynamo_thunderagent.dynamo.stats import (
     PROBE_SESSION_PREFIX,
     RouterObserver,
@@ -155,6 +157,9 @@ class ThunderAgentRouter:
         self._unreachable: dict[int, float] = {}  # worker id -> until (clock time)
         # Prompt tokens of failovers sent to each worker/rank and not yet answered.
         self._pending_failovers: dict[WorkerKey, int] = {}
+        # Every stream being forwarded, by ticket: the worker watch cuts those stalled on a
+        # worker that has left (stalls.py), and failover carries them on.
+        self.stalls = StallWatch()
         self._card_keys: frozenset[WorkerKey] = frozenset()
         self._tasks: list[asyncio.Task[None]] = []
         # Workers serving under the workers' component/endpoint name in the router's own
@@ -248,9 +253,11 @@ class ThunderAgentRouter:
         finished_at: float | None = None
         # What has reached the client, so that a worker lost mid-turn costs the turn nothing.
         continuation = Continuation(request)
+        watched = self.stalls.streams[ticket] = Watched(tracker)
         try:
             forwarded, target = await self._forward(request, admission)
             while True:
+                watched.worker_id = None if target is None else target.worker_id
                 # Only what the worker's stream raises is the worker's failure; what the
                 # body raises (an engine's error finish, a bug of ours) ends the request.
                 lost: Exception | None = None
@@ -262,13 +269,21 @@ class ThunderAgentRouter:
                 except Exception as error:
                     lost = error
                 while next_chunk is not None:
+                    watched.task = current_task()  # waiting on the worker: may be cut
                     try:
                         chunk = await next_chunk()
                     except StopAsyncIteration:
                         break
+                    except asyncio.CancelledError:
+                        if not watched.take_cut():
+                            raise  # the client's, not the stall watch's
+                        lost = WorkerLeft(f"worker {watched.worker_id} left discovery and "
+                                          f"its stream stalled")
+                        break
                     except Exception as error:
                         lost = error
                         break
+                    watched.task = None
                     if continuation.pending is not None:  # checked here: once a chunk
                         self._landed(continuation)
                     chunk = continuation.as_one_stream(chunk)
@@ -276,6 +291,8 @@ class ThunderAgentRouter:
                     first = False
                     if events:  # only on the first chunk, the first token and the finish
                         first = any(isinstance(e, Sent) for e in events)
+                        if first and tracker.sent_to is not None:
+                            watched.worker_id = tracker.sent_to.worker_id
                         for event in events:
                             if isinstance(event, Responding):
                                 first_token_at = self.clock()
@@ -287,7 +304,7 @@ class ThunderAgentRouter:
                     continuation.carry(chunk)
                     yield for_frontend(chunk, tracker.sent_to if first else None)
                 self._landed(continuation)
-                next_chunk = None  # the failed stream is not kept while we look on
+                next_chunk = watched.task = None  # the failed stream is not kept
                 if tracker.terminal is not None:
                     break  # it finished: an error after the finish costs the client nothing
                 if lost is None:
@@ -337,6 +354,7 @@ class ThunderAgentRouter:
             ) from error
         finally:
             self._landed(continuation)
+            del self.stalls.streams[ticket]
             if not admission.tracked:
                 self.passthrough_in_flight -= 1
             elif self.in_flight.get(request_id) is tracker:  # not another request's entry
@@ -562,10 +580,25 @@ class ThunderAgentRouter:
                              "them with --endpoint in the workers' namespace")
         self._exposed = exposed
 
+    def cut_stalled_streams(self) -> int:
+        """Cut the streams stalled on a worker that discovery no longer lists (see
+        stalls.py): each fails over as its worker's failure. Returns how many."""
+        listed = frozenset(self.client.instance_ids())
+        cut = 0
+        for watched in self.stalls.stalled(listed, self.clock()):
+            if watched.task is not None and watched.task.cancel():
+                watched.cut = True
+                cut += 1
+                log.warning("request.stalled", request_id=watched.tracker.request_id,
+                            worker=watched.worker_id, seconds=self.stalls.stall_seconds)
+        self.stats.stalled += cut
+        return cut
+
     async def _watch_workers(self) -> None:
         while True:
             try:
                 self.refresh_workers()
+                self.cut_stalled_streams()
             except Exception as error:  # keep watching; log what failed
                 log.warning("workers.refresh_failed", error=repr(error))
             await asyncio.sleep(self.refresh_interval)

@@ -114,6 +114,9 @@ class RouterStats:
     # Moves of a turn to another worker after its worker failed it (at most FAILOVER_LIMIT
     # per turn; a turn moved twice counts twice).
     failovers: int = 0
+    # Streams cut because their worker left discovery and they stalled (each then fails
+    # over as its worker's failure, or fails with WorkerLeft).
+    stalled: int = 0
     with_session: int = 0  # requests that carried X-Dynamo-Session-ID (probes left out)
     without_session: int = 0  # requests that did not: plain KV routing, no program
     prompt_tokens: int = 0
@@ -142,7 +145,7 @@ class RouterStats:
             "admission_waiting": len(self.waiting),
             "admission_wait_censored_max_s": None if oldest is None else now - oldest,
             "doctor_probes": self.doctor_probes, "loads_unavailable": self.loads_unavailable,
-            "failovers": self.failovers,
+            "failovers": self.failovers, "stalled": self.stalled,
             "with_session": self.with_session, "without_session": self.without_session,
             "recent_with_session": recent_with, "recent_without_session": recent_without,
             "recent_window": {"requests": self.recent.limit, "seconds": self.recent.seconds},

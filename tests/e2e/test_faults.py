@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -351,6 +352,45 @@ async def test_a_worker_replaced_mid_load_takes_new_programs_and_loses_nothing(
         assert outcomes.errors == [], outcomes.errors
         assert get_state(stack)["router"]["failovers"] >= 1
         settles(stack, "a worker replaced mid-load")
+
+
+async def test_a_hung_worker_s_turns_go_on_on_another_worker_and_nobody_waits_for_it(
+        tmp_path: Path) -> None:
+    # A worker stopped, not killed, keeps its connections open: without the stall watch its
+    # streams would wait for the client's timeout (60 s here, when Outcomes calls it a hang).
+    with start_stack(tmp_path) as stack:
+        await asyncio.to_thread(wait_until_ready, stack, 2)
+        outcomes = Outcomes()
+        sessions = [f"hung-{i}" for i in range(6)]
+        client, stop = async_client(stack, timeout=60), asyncio.Event()
+        victim = stack.worker_instances()[0]
+        try:
+            async with agents_running(
+                    lambda session: agent_turns(client, session, stop, outcomes,
+                                                max_tokens=400),  # turns mostly streaming
+                    sessions, client, stop, timeout=90):
+                await asyncio.to_thread(
+                    wait_for_state, stack,
+                    lambda s: all(programs(s).get(x, {}).get("steps", 0) >= 2 for x in sessions),
+                    "two turns of every agent")
+                await asyncio.to_thread(
+                    wait_for_state, stack, lambda s: sum(
+                        p["phase"] == "reasoning" and str(p["worker"]).startswith(f"{victim}/")
+                        for p in programs(s).values()) >= 2,
+                    "two turns in flight on the worker to be stopped")
+                stack.kill_worker(0, signal.SIGSTOP)
+                # Discovery drops it once its registration lapses (about 10 s); its streams,
+                # silent since, are cut 5 s later and fail over.
+                await asyncio.to_thread(
+                    wait_for_state, stack, lambda s: s["router"]["stalled"] >= 1,
+                    "the router to cut a stream stalled on the stopped worker", 45)
+        finally:
+            stack.kill_worker(0)  # a stopped process would not stop on the stack's SIGTERM
+        assert outcomes.errors == [], outcomes.errors
+        state = get_state(stack)
+        assert state["router"]["failovers"] >= state["router"]["stalled"] >= 1
+        assert victim not in state["live_workers"]
+        settles(stack, "a hung worker")
 
 
 # ---- the router killed and restarted -------------------------------------------------------

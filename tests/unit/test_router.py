@@ -78,6 +78,7 @@ class FakeKvRouter:
         self.end_without_finish = False
         self.end_without_finish_on: set[int] = set()  # workers that cut the stream
         self.error_finish: str | None = None  # end with {"error": ...} as the engine does
+        self.hang_on: set[int] = set()  # workers that send one token, then nothing (hung)
 
     async def get_potential_loads(self, token_ids: list[int]) -> list[dict[str, int]]:
         self.load_queries += 1
@@ -114,6 +115,8 @@ class FakeKvRouter:
                     raise self.fail_after_first
                 if worker in self.fail_after_first_on:
                     raise self.fail_after_first_on[worker]
+                if worker in self.hang_on:
+                    await asyncio.Event().wait()  # never set: only a cancel ends this
 
 
 class FakeClient:
@@ -753,6 +756,75 @@ async def test_a_request_without_a_session_fails_over_and_its_room_follows_it() 
     assert h.router.stats.failovers == 1 and h.router.stats.passthrough == 1
     assert scheduler.snapshot(h.clock())["sessionless_tokens"] == {}
     assert scheduler.capacity.known[WorkerKey(B)] == scheduler.capacity.largest
+
+
+async def hung_on_a(h: Harness, request_id: str, **request: Any) -> asyncio.Task[Any]:
+    """A turn of session "s" (at home on A) whose first token came and whose worker A then
+    hangs; it is waiting on A when this returns."""
+    await collect(h.router, turn("s"), "r0")
+    assert h.program("s").worker == WorkerKey(A)
+    h.kv.hang_on.add(A)
+    task = asyncio.create_task(collect(h.router, {**turn("s", tokens=20), **request},
+                                       request_id))
+    await until(lambda: any(w.task is not None and w.tracker.generated_tokens
+                            for w in h.router.stalls.streams.values()), "the turn to hang on A")
+    return task
+
+
+async def test_a_stream_stalled_on_a_worker_that_left_goes_on_on_another_worker() -> None:
+    h = Harness()
+    task = await hung_on_a(h, "r1")
+    assert h.router.cut_stalled_streams() == 0  # A is still listed: nothing to cut
+    h.clock.now += 60
+    assert h.router.cut_stalled_streams() == 0
+
+    h.client.ids = [B]  # discovery drops the hung worker
+    h.router.refresh_workers()
+    assert h.router.cut_stalled_streams() == 0  # seen gone now: it may still stream
+    h.clock.now += 4.9
+    assert h.router.cut_stalled_streams() == 0
+    h.clock.now += 0.1
+    assert h.router.cut_stalled_streams() == 1
+    chunks = await asyncio.wait_for(task, 5)
+
+    assert [t for c in chunks for t in c["token_ids"]] == [1000, 1000, 1001]
+    assert chunks[-1]["finish_reason"] == "length"
+    continued = h.kv.requests[-1]
+    assert continued["token_ids"] == [*range(20), 1000]
+    assert continued["routing"] == {"backend_instance_id": B, "dp_rank": 0}
+    assert h.events_of("r1") == [Sent("r1", WorkerKey(A)), Responding("r1"),
+                                 Sent("r1", WorkerKey(B)),
+                                 Completed("r1", 20 + 3, cached_tokens=0)]
+    stats = h.router.stats
+    assert (stats.stalled, stats.failovers, stats.errors, stats.aborted) == (1, 1, 0, 0)
+    assert h.router.state()["router"]["stalled"] == 1
+    assert h.router.stalls.streams == {} and h.router.in_flight == {}
+    assert h.router.cut_stalled_streams() == 0
+
+
+async def test_a_stream_stalled_on_a_worker_that_left_with_nowhere_to_go_fails_with_why() -> None:
+    h = Harness()
+    task = await hung_on_a(h, "r1")
+    h.client.ids = []
+    h.router.refresh_workers()
+    h.router.cut_stalled_streams()
+    h.clock.now += 5
+    assert h.router.cut_stalled_streams() == 1
+    with pytest.raises(RuntimeError, match="WorkerLeft: worker 11 left discovery"):
+        await asyncio.wait_for(task, 5)  # an error that says why, not a hang
+    assert [type(e) for e in h.events_of("r1")] == [Sent, Responding, Aborted]
+    assert h.router.stalls.streams == {} and h.router.in_flight == {}
+
+
+async def test_a_cancel_that_is_not_the_stall_watchs_still_ends_the_request() -> None:
+    h = Harness()
+    task = await hung_on_a(h, "r1")
+    task.cancel()  # as when the handler's task is cancelled mid-stream
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [type(e) for e in h.events_of("r1")] == [Sent, Responding, Aborted]
+    assert h.router.stats.failovers == 0 and h.router.stats.stalled == 0
+    assert h.router.stalls.streams == {} and h.router.in_flight == {}
 
 
 async def test_a_stream_that_ends_without_a_finish_reason_is_aborted() -> None:

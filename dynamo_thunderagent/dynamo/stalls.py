@@ -1,0 +1,75 @@
+"""Streams stalled on a worker that has left: a hung worker's turns go on elsewhere.
+
+A worker process that stops without dying (stopped by a signal, stuck in a driver call, on a
+machine that froze) keeps its connections open: its streams neither fail nor end, so each
+would wait for its client's timeout, and a client without one would wait for ever, holding
+its session. Discovery drops such a worker once its registration lapses (about 10 s with
+file or etcd discovery). The router's worker watch then asks :class:`StallWatch` which
+streams are served by a worker discovery no longer lists and have streamed nothing for
+``STALL_SECONDS`` since; the router cuts those, and its failover carries each turn on on a
+live worker. A worker that leaves while it still streams (a graceful drain) is left to
+finish its streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from dynamo_thunderagent.dynamo.translate import StreamTracker
+
+# How long a stream whose worker has left may stream nothing before it is cut.
+STALL_SECONDS = 5.0
+
+
+class WorkerLeft(ConnectionError):
+    """The worker serving a stream left discovery, and the stream stalled there."""
+
+
+@dataclass(eq=False)
+class Watched:
+    """One stream the router is forwarding, as the stall watch sees it."""
+
+    tracker: StreamTracker
+    worker_id: int | None = None  # the worker serving it, once known
+    # The task awaiting the worker's next chunk, set only while it waits there: the one
+    # place where cutting the stream cannot interrupt anything else.
+    task: asyncio.Task[object] | None = None
+    cut: bool = False  # cancelled by the watch (not by its client)
+    gone_since: float | None = None  # its worker not listed since (or its last token since)
+    tokens_seen: int = 0
+
+    def take_cut(self) -> bool:
+        """Whether the cancellation now being handled is the watch's (it is consumed)."""
+        if not self.cut:
+            return False
+        self.cut = False
+        if self.task is not None:
+            self.task.uncancel()
+        return True
+
+
+class StallWatch:
+    """The streams in flight, and which of them to cut (pure but for the tasks it holds)."""
+
+    def __init__(self, stall_seconds: float = STALL_SECONDS) -> None:
+        self.stall_seconds = stall_seconds
+        self.streams: dict[int, Watched] = {}
+
+    def stalled(self, listed: Collection[int], now: float) -> list[Watched]:
+        """The streams to cut: served by a worker not in ``listed`` (discovery's workers),
+        with no new token for ``stall_seconds`` since that was first seen, and waiting for
+        the worker's next chunk now."""
+        cut: list[Watched] = []
+        for watched in self.streams.values():
+            if watched.worker_id is None or watched.worker_id in listed:
+                watched.gone_since = None
+                continue
+            tokens = watched.tracker.generated_tokens
+            if watched.gone_since is None or tokens != watched.tokens_seen:
+                watched.gone_since, watched.tokens_seen = now, tokens
+            elif (now - watched.gone_since >= self.stall_seconds and watched.task is not None
+                  and not watched.cut):
+                cut.append(watched)
+        return cut
