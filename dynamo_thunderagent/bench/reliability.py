@@ -8,7 +8,8 @@ and reports what an operator wants to know about each:
   ``--flood-concurrency``, far past ``max_tracked_requests``;
 * ``soak``: ``--agents`` agents looping turns and tool calls for ``--soak`` seconds while a
   random fault strikes every ``--fault-every`` seconds: a worker SIGKILLed (and a new one
-  started), the router SIGKILLed and restarted, a burst of clients that leave mid-request,
+  started), a worker hung (SIGSTOPped for ``HANG_SECONDS``, then replaced the same way), the
+  router SIGKILLed and restarted, a burst of clients that leave mid-request,
   a burst of bad input (oversize prompts, prompts the engine refuses, over-long session ids).
 
 During both, a well-behaved probe agent takes a turn every ``PROBE_PERIOD`` seconds; its turn
@@ -24,6 +25,7 @@ import argparse
 import asyncio
 import json
 import random
+import signal
 import sys
 import time
 import urllib.request
@@ -39,7 +41,10 @@ from dynamo_thunderagent.quantile import percentile
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
 
 PROBE_PERIOD = 0.25
-FAULTS = ("worker-kill", "router-restart", "disconnects", "bad-input")
+FAULTS = ("worker-kill", "worker-hang", "router-restart", "disconnects", "bad-input")
+# How long a hung worker stays stopped: past discovery's lease (about 10 s) and the
+# router's stall watch (5 s more), so the turns it held have gone on elsewhere.
+HANG_SECONDS = 20.0
 MAX_MODEL_LEN = 3072
 
 
@@ -229,6 +234,11 @@ async def _inject(bench: Bench, fault: str) -> None:
         stack.kill_worker(index)
         await asyncio.sleep(2.0)
         await asyncio.to_thread(stack.restart_worker, index)
+    elif fault == "worker-hang":  # stopped, not dead: its connections stay open
+        index = bench.rng.randrange(stack.config.num_workers)
+        stack.kill_worker(index, signal.SIGSTOP)
+        await asyncio.sleep(HANG_SECONDS)
+        await asyncio.to_thread(stack.restart_worker, index)  # SIGKILLs it first
     elif fault == "router-restart":
         await asyncio.to_thread(stack.restart_router)
     elif fault == "disconnects":

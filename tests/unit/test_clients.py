@@ -164,3 +164,23 @@ def test_an_aiperf_that_outlives_its_timeout_is_stopped_with_its_children(tmp_pa
     _time.sleep(0.2)
     stat = Path(f"/proc/{child}/stat")
     assert not stat.exists() or stat.read_text().split()[2] == "Z"  # gone (or a zombie)
+
+
+async def test_the_soaks_hung_worker_is_stopped_then_replaced(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+    import signal
+    from types import SimpleNamespace
+
+    from dynamo_thunderagent.bench import reliability
+
+    calls: list[tuple[str, int, object]] = []
+    stack = SimpleNamespace(
+        config=SimpleNamespace(num_workers=2),
+        kill_worker=lambda index, sig=signal.SIGKILL: calls.append(("signal", index, sig)),
+        restart_worker=lambda index: calls.append(("restart", index, None)))
+    monkeypatch.setattr(reliability, "HANG_SECONDS", 0.0)
+    await reliability._inject(SimpleNamespace(stack=stack, rng=random.Random(1)), "worker-hang")
+    (_, index, sig), restart = calls
+    assert sig == signal.SIGSTOP and restart == ("restart", index, None)
+    assert "worker-hang" in reliability.FAULTS
