@@ -123,7 +123,7 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
      "the first chunk; a turn moved twice counts twice)."),
     ("stalled_streams_total", "counter", (),
      "Streams cut because their worker left discovery and they streamed nothing for a "
-     "while (a hung worker); each then fails over."),
+     "while (a hung worker); each then fails over unless it had finished."),
     ("policy_reloads_total", "counter", ("result",),
      "Policy reloads (SIGHUP or --watch-policy), by result: ok, invalid, needs_restart."),
     ("lifecycle_events_total", "counter", ("event",),

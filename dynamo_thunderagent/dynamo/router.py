@@ -26,7 +26,7 @@ import contextlib
 import itertools
 import time
 import uuid
-from asyncio import current_task
+from asyncio import current_task, ensure_future
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
@@ -269,21 +269,22 @@ class ThunderAgentRouter:
                 except Exception as error:
                     lost = error
                 while next_chunk is not None:
-                    watched.task = current_task()  # waiting on the worker: may be cut
+                    # The read of the worker's next chunk, where the stall watch may cut it.
+                    watched.pending = ensure_future(next_chunk())
                     try:
-                        chunk = await next_chunk()
+                        chunk = await watched.pending
                     except StopAsyncIteration:
                         break
                     except asyncio.CancelledError:
-                        if not watched.take_cut():
-                            raise  # the client's, not the stall watch's
+                        if not _cut_by_the_watch(watched):
+                            raise  # the client's (or a shutdown's)
                         lost = WorkerLeft(f"worker {watched.worker_id} left discovery and "
                                           f"its stream stalled")
                         break
                     except Exception as error:
                         lost = error
                         break
-                    watched.task = None
+                    watched.pending = None
                     if continuation.pending is not None:  # checked here: once a chunk
                         self._landed(continuation)
                     chunk = continuation.as_one_stream(chunk)
@@ -304,7 +305,7 @@ class ThunderAgentRouter:
                     continuation.carry(chunk)
                     yield for_frontend(chunk, tracker.sent_to if first else None)
                 self._landed(continuation)
-                next_chunk = watched.task = None  # the failed stream is not kept
+                next_chunk = watched.pending = None  # the failed stream is not kept
                 if tracker.terminal is not None:
                     break  # it finished: an error after the finish costs the client nothing
                 if lost is None:
@@ -586,7 +587,7 @@ class ThunderAgentRouter:
         listed = frozenset(self.client.instance_ids())
         cut = 0
         for watched in self.stalls.stalled(listed, self.clock()):
-            if watched.task is not None and watched.task.cancel():
+            if watched.pending is not None and watched.pending.cancel():
                 watched.cut = True
                 cut += 1
                 log.warning("request.stalled", request_id=watched.tracker.request_id,
@@ -598,9 +599,12 @@ class ThunderAgentRouter:
         while True:
             try:
                 self.refresh_workers()
-                self.cut_stalled_streams()
             except Exception as error:  # keep watching; log what failed
                 log.warning("workers.refresh_failed", error=repr(error))
+            try:
+                self.cut_stalled_streams()
+            except Exception as error:
+                log.warning("workers.stall_check_failed", error=repr(error))
             await asyncio.sleep(self.refresh_interval)
 
     async def _tick(self, interval: float) -> None:
@@ -652,6 +656,16 @@ class ThunderAgentRouter:
             "block_size": self.block_size,
             **{key: part() for key, part in self.state_extensions.items()},
         }
+
+
+def _cut_by_the_watch(watched: Watched) -> bool:
+    """Whether the cancellation being handled is the stall watch's cut of ``watched``'s read
+    (consumed here): not where the handler's task itself was cancelled too (a client that
+    left, a shutdown), which must go on as a cancellation. (Python 3.10 cannot tell; there
+    the client check in ``_fail_over`` still ends the turn of a client that left.)"""
+    cut, watched.cut = watched.cut, False
+    cancelling = getattr(current_task(), "cancelling", None)
+    return cut and not (cancelling is not None and cancelling())
 
 
 def _stopped(context: Any) -> bool:

@@ -6,9 +6,10 @@ would wait for its client's timeout, and a client without one would wait for eve
 its session. Discovery drops such a worker once its registration lapses (about 10 s with
 file or etcd discovery). The router's worker watch then asks :class:`StallWatch` which
 streams are served by a worker discovery no longer lists and have streamed nothing for
-``STALL_SECONDS`` since; the router cuts those, and its failover carries each turn on on a
-live worker. A worker that leaves while it still streams (a graceful drain) is left to
-finish its streams.
+``STALL_SECONDS`` since; the router cuts those (it cancels the pending read of the worker's
+next chunk, nothing else), and its failover carries each turn on on a live worker. A worker
+that leaves while it still streams tokens (a graceful drain) is left to finish those streams;
+one of its streams with no token for that long (queued, or in a long prefill) is cut too.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 from dynamo_thunderagent.dynamo.translate import StreamTracker
 
@@ -33,25 +35,17 @@ class Watched:
 
     tracker: StreamTracker
     worker_id: int | None = None  # the worker serving it, once known
-    # The task awaiting the worker's next chunk, set only while it waits there: the one
-    # place where cutting the stream cannot interrupt anything else.
-    task: asyncio.Task[object] | None = None
-    cut: bool = False  # cancelled by the watch (not by its client)
+    # The pending read of the worker's next chunk, set only while the router waits for it:
+    # cancelling it cuts the stream and interrupts nothing else (once the chunk is in, it
+    # cannot be cancelled).
+    pending: asyncio.Future[Any] | None = None
+    cut: bool = False  # its read cancelled by the watch
     gone_since: float | None = None  # its worker not listed since (or its last token since)
     tokens_seen: int = 0
 
-    def take_cut(self) -> bool:
-        """Whether the cancellation now being handled is the watch's (it is consumed)."""
-        if not self.cut:
-            return False
-        self.cut = False
-        if self.task is not None:
-            self.task.uncancel()
-        return True
-
 
 class StallWatch:
-    """The streams in flight, and which of them to cut (pure but for the tasks it holds)."""
+    """The streams in flight, and which of them to cut (deterministic: ``now`` is passed)."""
 
     def __init__(self, stall_seconds: float = STALL_SECONDS) -> None:
         self.stall_seconds = stall_seconds
@@ -69,7 +63,7 @@ class StallWatch:
             tokens = watched.tracker.generated_tokens
             if watched.gone_since is None or tokens != watched.tokens_seen:
                 watched.gone_since, watched.tokens_seen = now, tokens
-            elif (now - watched.gone_since >= self.stall_seconds and watched.task is not None
-                  and not watched.cut):
+            elif (now - watched.gone_since >= self.stall_seconds
+                  and watched.pending is not None and not watched.cut):
                 cut.append(watched)
         return cut

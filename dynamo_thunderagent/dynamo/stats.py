@@ -115,7 +115,7 @@ class RouterStats:
     # per turn; a turn moved twice counts twice).
     failovers: int = 0
     # Streams cut because their worker left discovery and they stalled (each then fails
-    # over as its worker's failure, or fails with WorkerLeft).
+    # over as its worker's failure, fails with WorkerLeft, or ends as it had finished).
     stalled: int = 0
     with_session: int = 0  # requests that carried X-Dynamo-Session-ID (probes left out)
     without_session: int = 0  # requests that did not: plain KV routing, no program

@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -109,13 +109,13 @@ def _claim(port: int) -> bool:
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (the OS picks it) and not handed out lately."""
-    for _ in range(_PICK_TRIES):
+
+    def os_pick() -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((LOOPBACK, 0))
-            port = int(sock.getsockname()[1])
-        if _claim(port):
-            return port
-    raise StackError("the OS kept handing out ports that were handed out lately")
+            return int(sock.getsockname()[1])
+
+    return _pick(os_pick, "the OS kept handing out ports that were handed out lately")
 
 
 def free_system_port() -> int:
@@ -125,16 +125,27 @@ def free_system_port() -> int:
     and keep the first one that binds and was not handed out lately.
     """
     rng = random.SystemRandom()
-    for _ in range(_PICK_TRIES):
+
+    def random_pick() -> int | None:
         port = rng.randint(SYSTEM_PORT_RANGE[0], SYSTEM_PORT_RANGE[1])
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((LOOPBACK, port))
             except OSError:
-                continue
-        if _claim(port):
+                return None
+        return port
+
+    return _pick(random_pick, f"no free port in {SYSTEM_PORT_RANGE} for DYN_SYSTEM_PORT")
+
+
+def _pick(candidate: Callable[[], int | None], failure: str) -> int:
+    """The first port ``candidate`` finds free (None: it found none) that was not handed
+    out lately, within _PICK_TRIES tries; StackError(``failure``) if none."""
+    for _ in range(_PICK_TRIES):
+        port = candidate()
+        if port is not None and _claim(port):
             return port
-    raise StackError(f"no free port in {SYSTEM_PORT_RANGE} for DYN_SYSTEM_PORT")
+    raise StackError(failure)
 
 
 def _die_with_parent() -> None:

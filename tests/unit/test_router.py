@@ -88,9 +88,10 @@ class FakeKvRouter:
 
     async def generate_from_request(self, request: Any) -> AsyncIterator[Any]:
         self.requests.append(request)
-        return self._stream(request)
+        return self._stream(request, self.hold)  # a later change of hold: the next stream's
 
-    async def _stream(self, request: dict[str, Any]) -> AsyncIterator[Any]:
+    async def _stream(self, request: dict[str, Any],
+                      hold: asyncio.Event | None) -> AsyncIterator[Any]:
         routing = request.get("routing") or {}
         worker = routing.get("backend_instance_id", A)
         rank = routing.get("dp_rank", 0)
@@ -109,8 +110,8 @@ class FakeKvRouter:
         for index, chunk in enumerate(chunks):
             yield chunk
             if index == 0:
-                if self.hold is not None:
-                    await self.hold.wait()
+                if hold is not None:
+                    await hold.wait()
                 if self.fail_after_first is not None:
                     raise self.fail_after_first
                 if worker in self.fail_after_first_on:
@@ -766,7 +767,7 @@ async def hung_on_a(h: Harness, request_id: str, **request: Any) -> asyncio.Task
     h.kv.hang_on.add(A)
     task = asyncio.create_task(collect(h.router, {**turn("s", tokens=20), **request},
                                        request_id))
-    await until(lambda: any(w.task is not None and w.tracker.generated_tokens
+    await until(lambda: any(w.pending is not None and w.tracker.generated_tokens
                             for w in h.router.stalls.streams.values()), "the turn to hang on A")
     return task
 
@@ -800,6 +801,7 @@ async def test_a_stream_stalled_on_a_worker_that_left_goes_on_on_another_worker(
     assert h.router.state()["router"]["stalled"] == 1
     assert h.router.stalls.streams == {} and h.router.in_flight == {}
     assert h.router.cut_stalled_streams() == 0
+    assert task.cancelling() == 0  # the cut left no cancellation behind
 
 
 async def test_a_stream_stalled_on_a_worker_that_left_with_nowhere_to_go_fails_with_why() -> None:
@@ -813,6 +815,38 @@ async def test_a_stream_stalled_on_a_worker_that_left_with_nowhere_to_go_fails_w
     with pytest.raises(RuntimeError, match="WorkerLeft: worker 11 left discovery"):
         await asyncio.wait_for(task, 5)  # an error that says why, not a hang
     assert [type(e) for e in h.events_of("r1")] == [Sent, Responding, Aborted]
+    assert h.router.stalls.streams == {} and h.router.in_flight == {}
+
+
+async def test_a_stalled_request_without_a_session_is_cut_on_the_worker_its_chunk_named() -> None:
+    h = Harness()
+    h.kv.hang_on.add(A)  # the KV router's own pick (the fake's: A), known from the first chunk
+    task = asyncio.create_task(collect(h.router, turn(None), "r1"))
+    await until(lambda: any(w.worker_id == A and w.pending is not None
+                            for w in h.router.stalls.streams.values()), "the request to hang")
+    h.client.ids = [B]
+    h.router.refresh_workers()
+    h.router.cut_stalled_streams()
+    h.clock.now += 5
+    assert h.router.cut_stalled_streams() == 1
+    chunks = await asyncio.wait_for(task, 5)
+    assert chunks[-1]["finish_reason"] == "length"
+    assert h.kv.requests[-1]["routing"] == {"backend_instance_id": B, "dp_rank": 0}
+
+
+async def test_a_client_cancel_that_meets_the_cut_is_still_a_cancel() -> None:
+    h = Harness()
+    task = await hung_on_a(h, "r1")
+    h.client.ids = [B]
+    h.router.refresh_workers()
+    h.router.cut_stalled_streams()
+    h.clock.now += 5
+    assert h.router.cut_stalled_streams() == 1
+    task.cancel()  # the handler's own task, before it saw the cut
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [type(e) for e in h.events_of("r1")] == [Sent, Responding, Aborted]
+    assert h.router.stats.failovers == 0
     assert h.router.stalls.streams == {} and h.router.in_flight == {}
 
 
@@ -1015,8 +1049,8 @@ async def test_a_turns_decode_time_is_timed_by_the_router_not_taken_from_the_eng
     h.classifier.observe_turn = seen.append  # type: ignore[method-assign]
     stream = h.kv._stream
 
-    async def timed(request: dict[str, Any]) -> AsyncIterator[Any]:
-        async for chunk in stream(request):
+    async def timed(request: dict[str, Any], hold: asyncio.Event | None) -> AsyncIterator[Any]:
+        async for chunk in stream(request, hold):
             chunk["routing_data"] = {**(chunk.get("routing_data") or {}),
                                      "timing": {"ttft_ms": 5.0, "total_time_ms": 5.1}}
             yield chunk

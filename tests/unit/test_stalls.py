@@ -13,7 +13,7 @@ A, B = 11, 22
 async def watched_on(worker: int | None, *, waiting: bool = True) -> Watched:
     watched = Watched(StreamTracker("r", 10), worker_id=worker)
     if waiting:
-        watched.task = asyncio.current_task()
+        watched.pending = asyncio.get_running_loop().create_future()
     return watched
 
 
@@ -24,8 +24,8 @@ async def test_only_a_stream_on_a_worker_gone_and_silent_for_the_stall_time_is_c
     watch.streams = {1: gone, 2: listed, 3: unknown, 4: busy}
     assert watch.stalled({B}, now=0.0) == []  # A first seen gone
     assert watch.stalled({B}, now=STALL_SECONDS - 0.1) == []
-    # The stream parked on the worker is cut; one not waiting on it now (it is handing a
-    # chunk on) is not, nor one whose worker is listed or unknown.
+    # The stream waiting for its worker's next chunk is cut; one not waiting for it now (it
+    # is handing a chunk on) is not, nor one whose worker is listed or unknown.
     assert watch.stalled({B}, now=STALL_SECONDS) == [gone]
 
 
