@@ -305,10 +305,12 @@ CONTINUATION_MAX_TOKENS = 65_536
 # ended it (Dynamo's exception classes, by name): another worker would do the same.
 _NOT_THE_WORKER = frozenset({"InvalidArgument", "Cancelled", "RouterQueueLimitExceeded"})
 # Errors that say the worker is gone or unreachable (Dynamo's classes; Dynamo 1.6.1 raises
-# plain exceptions whose message starts "Unavailable:" for a broken or refused connection).
+# plain exceptions whose message starts "Unavailable:" for a broken or refused connection,
+# and "DeadlineExceeded:" for a request a worker never took, as a stopped one does).
 # WorkerUnavailable is not one: it says no worker on the route can serve yet, not which.
 _WORKER_LOST = frozenset({"CannotConnect", "Disconnected", "ConnectionTimeout",
                           "EngineShutdown", "StreamIncomplete"})
+_LOST_PREFIXES = ("Unavailable:", "DeadlineExceeded:")
 
 
 def may_fail_over(error: BaseException) -> bool:
@@ -324,7 +326,7 @@ def worker_lost(error: BaseException) -> bool:
     for a while), rather than that this one request failed on it."""
     return (type(error).__name__ in _WORKER_LOST
             or isinstance(error, (ConnectionError, TimeoutError))
-            or str(error).startswith("Unavailable:"))
+            or str(error).startswith(_LOST_PREFIXES))
 
 
 def _continuable_midway(request: Mapping[str, Any]) -> bool:
