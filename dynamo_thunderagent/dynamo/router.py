@@ -345,8 +345,7 @@ class ThunderAgentRouter:
             self.stats.errors += 1
             log.warning("request.failed", request_id=request_id, worker=str(target),
                         error=repr(error))
-            if target is not None and tracker.sent_to is None and worker_lost(error):
-                self._mark_unreachable(target.worker_id)
+            # (A lost worker was put aside in _fail_over, which every stream error meets.)
             # A plain RuntimeError reaches the client as a 500 that keeps this message
             # (the KV router's own errors would surface as a bare 400).
             where = f"worker {target}" if target is not None else "routing"
@@ -456,16 +455,16 @@ class ThunderAgentRouter:
         no other live worker is known. Anything raised here (the KV router's loads, say) the
         caller logs, and the turn fails with the worker's error. A worker that is gone or
         unreachable (:func:`worker_lost`) is avoided for UNREACHABLE_SECONDS (where another
-        is live).
+        is live), whether or not the turn goes on (its client may have left).
         """
-        if tracker.terminal is not None or _stopped(context) or not may_fail_over(lost):
-            return None
         failed = tracker.sent_to or target
         gone = worker_lost(lost)
+        if gone and failed is not None:  # whether or not the turn goes on
+            self._mark_unreachable(failed.worker_id)
+        if tracker.terminal is not None or _stopped(context) or not may_fail_over(lost):
+            return None
         if failed is not None:
             continuation.failed_workers.add(failed.worker_id)  # not asked again for this turn
-            if gone:
-                self._mark_unreachable(failed.worker_id)
         # The same error from the next worker is the request's own fault; a lost worker's
         # error, or a cut stream, says nothing about the request (two may fail in turn).
         signature = f"{type(lost).__name__}: {lost}"

@@ -323,10 +323,12 @@ def may_fail_over(error: BaseException) -> bool:
 
 def worker_lost(error: BaseException) -> bool:
     """Whether ``error`` says the worker itself is gone or unreachable (so it is avoided
-    for a while), rather than that this one request failed on it."""
-    return (type(error).__name__ in _WORKER_LOST
-            or isinstance(error, (ConnectionError, TimeoutError))
-            or str(error).startswith(_LOST_PREFIXES))
+    for a while), rather than that this one request failed on it: never a refusal, which a
+    live worker sends (Dynamo 1.6.1 passes a worker's own as "Unavailable: " text)."""
+    return may_fail_over(error) and (
+        type(error).__name__ in _WORKER_LOST
+        or isinstance(error, (ConnectionError, TimeoutError))
+        or str(error).startswith(_LOST_PREFIXES))
 
 
 def _continuable_midway(request: Mapping[str, Any]) -> bool:

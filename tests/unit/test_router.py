@@ -685,6 +685,20 @@ async def test_no_failover_for_a_client_that_has_left() -> None:
         await stream.__anext__()
     assert len(h.kv.requests) == 1 and h.router.stats.failovers == 0
     assert h.router.in_flight == {} and h.classifier.scheduler.table.requests == {}
+    # The worker is lost all the same: the next turns are not sent to it.
+    assert h.router.state()["unreachable_workers"] == [A]
+
+
+async def test_a_workers_refusal_before_its_first_chunk_does_not_put_it_aside() -> None:
+    # Hostile input must not take a healthy worker out of rotation: Dynamo 1.6.1 passes a
+    # worker's own refusal (a grammar that does not parse) as "Unavailable: " text.
+    h = Harness()
+    h.kv.fail_before_first[A] = Exception(
+        'Unavailable: BackendInvalidArgument: {"message": "bad grammar", "code": 400}')
+    with pytest.raises(RuntimeError, match="bad grammar"):
+        await collect(h.router, turn("s"), "r1")
+    assert h.router.state()["unreachable_workers"] == []
+    assert len(h.kv.requests) == 1 and h.router.stats.failovers == 0
 
 
 async def test_a_failed_search_for_another_worker_keeps_the_workers_error() -> None:

@@ -432,6 +432,8 @@ def test_which_errors_are_the_workers_and_which_may_fail_over() -> None:
     for refusal in ("InvalidArgument", "Cancelled", "RouterQueueLimitExceeded"):
         assert not may_fail_over(named(refusal))
     # A worker's own refusal, as Dynamo 1.6.1 passes it on.
-    assert not may_fail_over(Exception(
-        'Unavailable: BackendInvalidArgument: {"message": "bad grammar", "code": 400}'))
+    refusal = Exception(
+        'Unavailable: BackendInvalidArgument: {"message": "bad grammar", "code": 400}')
+    assert not may_fail_over(refusal)
+    assert not worker_lost(refusal)  # a live worker sent it: not a reason to avoid it
     assert not worker_lost(RuntimeError("Unavailableness is not a connection error"))
