@@ -269,9 +269,10 @@ class ThunderAgentRouter:
                 except Exception as error:
                     lost = error
                 while next_chunk is not None:
-                    # The read of the worker's next chunk, where the stall watch may cut it.
-                    watched.pending = ensure_future(next_chunk())
                     try:
+                        # The read of the worker's next chunk, where the stall watch may
+                        # cut it.
+                        watched.pending = ensure_future(next_chunk())
                         chunk = await watched.pending
                     except StopAsyncIteration:
                         break

@@ -306,11 +306,12 @@ CONTINUATION_MAX_TOKENS = 65_536
 _NOT_THE_WORKER = frozenset({"InvalidArgument", "Cancelled", "RouterQueueLimitExceeded"})
 # Errors that say the worker is gone or unreachable (Dynamo's classes; Dynamo 1.6.1 raises
 # plain exceptions whose message starts "Unavailable:" for a broken or refused connection,
-# and "DeadlineExceeded:" for a request a worker never took, as a stopped one does).
+# and "DeadlineExceeded: TCP request to ..." for a request a worker's TCP server never
+# acknowledged, as a stopped one does; a live one acknowledges before its engine sees it).
 # WorkerUnavailable is not one: it says no worker on the route can serve yet, not which.
 _WORKER_LOST = frozenset({"CannotConnect", "Disconnected", "ConnectionTimeout",
                           "EngineShutdown", "StreamIncomplete"})
-_LOST_PREFIXES = ("Unavailable:", "DeadlineExceeded:")
+_LOST_PREFIXES = ("Unavailable:", "DeadlineExceeded: TCP request to ")
 
 
 def may_fail_over(error: BaseException) -> bool:

@@ -689,6 +689,15 @@ async def test_no_failover_for_a_client_that_has_left() -> None:
     assert h.router.state()["unreachable_workers"] == [A]
 
 
+async def test_a_request_a_worker_never_took_goes_elsewhere_and_puts_it_aside() -> None:
+    h = Harness()  # a stopped worker: its TCP server never acknowledges the request
+    h.kv.fail_before_first[A] = Exception("DeadlineExceeded: TCP request to 127.0.0.1:1 timed out")
+    chunks = await collect(h.router, turn("s"), "r1")
+    assert chunks[-1]["finish_reason"] == "length"
+    assert h.kv.requests[-1]["routing"] == {"backend_instance_id": B, "dp_rank": 0}
+    assert h.router.state()["unreachable_workers"] == [A] and h.router.stats.failovers == 1
+
+
 async def test_a_workers_refusal_before_its_first_chunk_does_not_put_it_aside() -> None:
     # Hostile input must not take a healthy worker out of rotation: Dynamo 1.6.1 passes a
     # worker's own refusal (a grammar that does not parse) as "Unavailable: " text.

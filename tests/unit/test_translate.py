@@ -426,6 +426,8 @@ def test_which_errors_are_the_workers_and_which_may_fail_over() -> None:
     assert worker_lost(Exception("Unavailable: TCP connection to 127.0.0.1:1 failed"))
     # ... and a request a stopped worker never took (seen live: a SIGSTOPped mocker).
     assert worker_lost(Exception("DeadlineExceeded: TCP request to 127.0.0.1:1 timed out"))
+    # Other deadlines say the request waited too long, not that the worker is gone.
+    assert not worker_lost(Exception("DeadlineExceeded: the request exceeded its deadline"))
     assert worker_lost(named("Disconnected")) and worker_lost(ConnectionResetError())
     assert not worker_lost(RuntimeError("engine hiccup"))
     assert may_fail_over(RuntimeError("engine hiccup"))
