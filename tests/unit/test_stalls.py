@@ -17,6 +17,13 @@ async def watched_on(worker: int | None, *, waiting: bool = True) -> Watched:
     return watched
 
 
+async def watching_one(worker: int) -> tuple[StallWatch, Watched]:
+    """A watch with one stream, waiting for its worker's next chunk."""
+    watch, watched = StallWatch(), await watched_on(worker)
+    watch.streams = {1: watched}
+    return watch, watched
+
+
 async def test_only_a_stream_on_a_worker_gone_and_silent_for_the_stall_time_is_cut() -> None:
     watch = StallWatch()
     gone, listed = await watched_on(A), await watched_on(B)
@@ -30,9 +37,7 @@ async def test_only_a_stream_on_a_worker_gone_and_silent_for_the_stall_time_is_c
 
 
 async def test_a_worker_that_left_while_it_still_streams_is_left_to_finish() -> None:
-    watch = StallWatch()
-    draining = await watched_on(A)
-    watch.streams = {1: draining}
+    watch, draining = await watching_one(A)
     assert watch.stalled(set(), now=0.0) == []
     for second in range(1, 20):  # a token a second: never silent for the stall time
         draining.tracker.generated_tokens += 1
@@ -41,9 +46,7 @@ async def test_a_worker_that_left_while_it_still_streams_is_left_to_finish() -> 
 
 
 async def test_a_worker_listed_again_starts_the_clock_over() -> None:
-    watch = StallWatch()
-    watched = await watched_on(A)
-    watch.streams = {1: watched}
+    watch, watched = await watching_one(A)
     watch.stalled(set(), now=0.0)
     watch.stalled({A}, now=4.0)  # back in discovery's list
     assert watch.stalled(set(), now=6.0) == []  # gone again since 6.0 only
@@ -51,9 +54,7 @@ async def test_a_worker_listed_again_starts_the_clock_over() -> None:
 
 
 async def test_a_stream_already_cut_is_not_cut_twice() -> None:
-    watch = StallWatch()
-    watched = await watched_on(A)
-    watch.streams = {1: watched}
+    watch, watched = await watching_one(A)
     watch.stalled(set(), now=0.0)
     watched.cut = True
     assert watch.stalled(set(), now=60.0) == []
