@@ -57,12 +57,14 @@ from dynamo_thunderagent.dynamo.translate import (
     BadSessionHeader,
     Continuation,
     StreamTracker,
+    address_in_error,
     capacity_cards,
     classify_request,
     for_frontend,
     may_fail_over,
     pin_request,
     session_final_response,
+    worker_at,
     worker_loads,
     worker_lost,
 )
@@ -458,14 +460,14 @@ class ThunderAgentRouter:
         unreachable (:func:`worker_lost`) is avoided for UNREACHABLE_SECONDS (where another
         is live), whether or not the turn goes on (its client may have left).
         """
-        failed = tracker.sent_to or target
         gone = worker_lost(lost)
+        failed = self._failed_worker(tracker.sent_to or target, lost if gone else None)
         if gone and failed is not None:  # whether or not the turn goes on
-            self._mark_unreachable(failed.worker_id)
+            self._mark_unreachable(failed)
         if tracker.terminal is not None or _stopped(context) or not may_fail_over(lost):
             return None
         if failed is not None:
-            continuation.failed_workers.add(failed.worker_id)  # not asked again for this turn
+            continuation.failed_workers.add(failed)  # not asked again for this turn
         # The same error from the next worker is the request's own fault; a lost worker's
         # error, or a cut stream, says nothing about the request (two may fail in turn).
         signature = f"{type(lost).__name__}: {lost}"
@@ -493,9 +495,27 @@ class ThunderAgentRouter:
         pending[chosen] = pending.get(chosen, 0) + len(token_ids)
         continuation.pending = (chosen, len(token_ids))
         self.stats.failovers += 1
-        log.warning("request.failover", request_id=tracker.request_id, failed=str(failed),
+        log.warning("request.failover", request_id=tracker.request_id, failed=failed,
                     to=str(chosen), streamed_tokens=continuation.carried, error=signature)
         return pin_request(following, chosen), chosen
+
+    def _failed_worker(self, serving: WorkerKey | None, lost: Exception | None) -> int | None:
+        """The id of the worker that failed a turn: the one serving it, when known; else
+        (a request the KV router placed itself, lost before its first chunk) the one whose
+        request-plane address the lost worker's error names, as Dynamo 1.6.1's connection
+        and deadline errors do. None when neither tells."""
+        if serving is not None:
+            return serving.worker_id
+        address = None if lost is None else address_in_error(lost)
+        if address is None:
+            return None
+        instances = getattr(self.client, "instances", None)  # Dynamo's Client has it
+        if instances is None:
+            return None
+        with contextlib.suppress(Exception):
+            return worker_at(address, ((i.instance_id, i.transport.address)
+                                       for i in instances()))
+        return None
 
     def _landed(self, continuation: Continuation) -> None:
         """A failover's stream answered or ended: its load is the KV router's to count."""

@@ -17,6 +17,7 @@ Shapes (Dynamo 1.6.1, tokenized requests from ``python -m dynamo.frontend``):
 from __future__ import annotations
 
 import json
+import re
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -330,6 +331,26 @@ def worker_lost(error: BaseException) -> bool:
         type(error).__name__ in _WORKER_LOST
         or isinstance(error, (ConnectionError, TimeoutError))
         or str(error).startswith(_LOST_PREFIXES))
+
+
+# Dynamo 1.6.1's connection and deadline errors name the worker's request-plane address:
+# "TCP connection to 127.0.0.1:45289 failed", "TCP request to 127.0.0.1:43629 timed out".
+_ADDRESS_IN_ERROR = re.compile(r"\bTCP (?:connection|request) to (\S+:\d+)\b")
+
+
+def address_in_error(error: BaseException) -> str | None:
+    """The ``host:port`` a Dynamo connection or deadline error names, if any."""
+    match = _ADDRESS_IN_ERROR.search(str(error))
+    return None if match is None else match.group(1)
+
+
+def worker_at(address: str, instances: Iterable[tuple[int, str]]) -> int | None:
+    """The id of the instance, among ``(id, transport address)`` pairs, whose request-plane
+    address is ``address`` (a TCP transport address is ``host:port/...``); None if none or
+    several."""
+    ids = {worker_id for worker_id, transport in instances
+           if transport.split("/", 1)[0] == address}
+    return ids.pop() if len(ids) == 1 else None
 
 
 def _continuable_midway(request: Mapping[str, Any]) -> bool:

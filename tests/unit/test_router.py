@@ -127,6 +127,14 @@ class FakeClient:
     def instance_ids(self) -> list[int]:
         return list(self.ids)
 
+    def instances(self) -> list[Any]:
+        """Dynamo's instance views: each worker's TCP request-plane address."""
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(instance_id=i, transport=SimpleNamespace(
+            kind="tcp", address=f"127.0.0.1:{4000 + i}/{i:x}/ta-workers/backend/generate"))
+            for i in self.ids]
+
 
 class FakeCards:
     def __init__(self, cards: dict[str, str]) -> None:
@@ -696,6 +704,18 @@ async def test_a_request_a_worker_never_took_goes_elsewhere_and_puts_it_aside() 
     assert chunks[-1]["finish_reason"] == "length"
     assert h.kv.requests[-1]["routing"] == {"backend_instance_id": B, "dp_rank": 0}
     assert h.router.state()["unreachable_workers"] == [A] and h.router.stats.failovers == 1
+
+
+async def test_a_request_the_kv_router_placed_goes_elsewhere_when_its_worker_is_lost() -> None:
+    # No session id: the KV router picks the worker (the fake's pick: A), so the router
+    # learns which one failed from the address Dynamo's error names.
+    h = Harness()
+    h.kv.fail_before_first[A] = Exception(f"Unavailable: TCP connection to 127.0.0.1:{4000 + A} "
+                                          "failed")
+    chunks = await collect(h.router, turn(None), "r1")
+    assert chunks[-1]["finish_reason"] == "length"
+    assert h.kv.requests[-1]["routing"] == {"backend_instance_id": B, "dp_rank": 0}
+    assert h.router.stats.failovers == 1 and h.router.state()["unreachable_workers"] == [A]
 
 
 async def test_a_workers_refusal_before_its_first_chunk_does_not_put_it_aside() -> None:

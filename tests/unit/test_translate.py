@@ -439,3 +439,19 @@ def test_which_errors_are_the_workers_and_which_may_fail_over() -> None:
     assert not may_fail_over(refusal)
     assert not worker_lost(refusal)  # a live worker sent it: not a reason to avoid it
     assert not worker_lost(RuntimeError("Unavailableness is not a connection error"))
+
+
+def test_the_worker_address_a_dynamo_error_names_finds_its_instance() -> None:
+    from dynamo_thunderagent.dynamo.translate import address_in_error, worker_at
+
+    assert address_in_error(Exception(
+        "Unavailable: TCP connection to 127.0.0.1:45289 failed")) == "127.0.0.1:45289"
+    assert address_in_error(Exception(
+        "DeadlineExceeded: TCP request to 127.0.0.1:43629 timed out")) == "127.0.0.1:43629"
+    assert address_in_error(Exception("Unavailable: Stream ended before generation")) is None
+    instances = [(1, "127.0.0.1:45289/ab/ns/backend/generate"),
+                 (2, "127.0.0.1:4528/cd/ns/backend/generate")]
+    assert worker_at("127.0.0.1:45289", instances) == 1
+    assert worker_at("127.0.0.1:4528", instances) == 2  # the whole host:port, not a prefix
+    assert worker_at("127.0.0.1:1", instances) is None
+    assert worker_at("127.0.0.1:45289", [*instances, (3, "127.0.0.1:45289/ef")]) is None
