@@ -347,7 +347,8 @@ def address_in_error(error: BaseException) -> str | None:
 def worker_at(address: str, instances: Iterable[tuple[int, str]]) -> int | None:
     """The id of the instance, among ``(id, transport address)`` pairs, whose request-plane
     address is ``address`` (a TCP transport address is ``host:port/...``); None if none or
-    several."""
+    several. Dynamo calls that format no stable parse target: if it changes, nothing
+    matches, and the worker stays unknown as it was before this lookup."""
     ids = {worker_id for worker_id, transport in instances
            if transport.split("/", 1)[0] == address}
     return ids.pop() if len(ids) == 1 else None
