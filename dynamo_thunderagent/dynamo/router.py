@@ -13,10 +13,11 @@ on a worker that left, every ``refresh_interval`` seconds), the scheduler tick (
 ``classifier.tick_interval``), and an optional loopback HTTP server with the
 router's state for operators and tests.
 
-(About 690 lines: ``generate`` is one handler because every request must end in exactly
+(About 710 lines: ``generate`` is one handler because every request must end in exactly
 one terminal state, and its ``try`` blocks are what guarantee that, failover included; the
-chunk-level translation, the lifecycle tracking and a failed turn's continuation it calls
-live in ``translate.py``.)
+chunk-level translation and the lifecycle tracking it calls live in ``translate.py``, what
+a worker's error says and a failed turn's continuation in ``failover.py``, and which
+streams are stalled in ``stalls.py``.)
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ from dynamo_thunderagent.classifier import (
     Sent,
 )
 from dynamo_thunderagent.costs import TurnTiming
+from dynamo_thunderagent.dynamo.failover import (
+    Continuation,
+    address_in_error,
+    may_fail_over,
+    worker_at,
+    worker_lost,
+)
 from dynamo_thunderagent.dynamo.stalls import StallWatch, Watched, WorkerLeft
 from dynamo_thunderagent.dynamo.stats import (
     PROBE_SESSION_PREFIX,
@@ -55,18 +63,13 @@ from dynamo_thunderagent.dynamo.stats import (
 )
 from dynamo_thunderagent.dynamo.translate import (
     BadSessionHeader,
-    Continuation,
     StreamTracker,
-    address_in_error,
     capacity_cards,
     classify_request,
     for_frontend,
-    may_fail_over,
     pin_request,
     session_final_response,
-    worker_at,
     worker_loads,
-    worker_lost,
 )
 from dynamo_thunderagent.dynamo.waiting import until_stopped
 from dynamo_thunderagent.program import WorkerKey

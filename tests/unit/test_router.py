@@ -769,7 +769,8 @@ async def test_output_that_cannot_resume_midway_fails_over_only_before_its_first
 
 
 async def test_failovers_from_one_worker_spread_over_the_others() -> None:
-    from dynamo_thunderagent.dynamo.translate import Continuation, StreamTracker
+    from dynamo_thunderagent.dynamo.failover import Continuation
+    from dynamo_thunderagent.dynamo.translate import StreamTracker
 
     h = three_workers()
     picks = []
