@@ -352,8 +352,9 @@ class ThunderAgentRouter:
             log.warning("request.failed", request_id=request_id, worker=str(target),
                         error=repr(error))
             # (A lost worker was put aside in _fail_over, which every stream error meets.)
-            # A plain RuntimeError reaches the client as a 500 that keeps this message
-            # (the KV router's own errors would surface as a bare 400).
+            # A plain RuntimeError reaches the client as a 500 (the KV router's own errors
+            # would surface as a bare 400); Dynamo 1.6.1's frontend sends the client a canned
+            # message for it and logs this one, where an operator finds the worker and why.
             where = f"worker {target}" if target is not None else "routing"
             raise RuntimeError(
                 f"request {request_id} failed at {where}: {type(error).__name__}: {error}"

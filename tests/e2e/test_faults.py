@@ -393,6 +393,45 @@ async def test_a_hung_worker_s_turns_go_on_on_another_worker_and_nobody_waits_fo
         settles(stack, "a hung worker")
 
 
+async def test_a_hung_lone_worker_s_turn_ends_with_an_error_that_names_it_not_a_hang(
+        tmp_path: Path) -> None:
+    # With nowhere to fail over to, the stall watch's cut ends the turn with WorkerLeft: the
+    # client gets a 500 well before its 60 s timeout (Outcomes would call a timeout a hang;
+    # Dynamo 1.6.1's frontend answers a component's error with a canned message and logs the
+    # component's, which names the worker), the request ends once, and a replacement worker
+    # serves again.
+    import openai
+
+    with start_stack(tmp_path, num_workers=1) as stack:
+        await asyncio.to_thread(wait_until_ready, stack, 1)
+        victim = stack.worker_instances()[0]
+        client, outcomes = async_client(stack, timeout=60), Outcomes()
+        try:
+            turn = asyncio.create_task(client.chat.completions.create(
+                model=MODEL, max_tokens=3000, extra_body=ENGINE_DATA,
+                messages=[{"role": "user", "content": turn_text("lone", 0)}],
+                extra_headers={SESSION: "lone"}))
+            await asyncio.to_thread(
+                wait_for_state, stack,
+                lambda s: programs(s).get("lone", {}).get("phase") == "reasoning",
+                "the turn in flight on the only worker")
+            await asyncio.sleep(0.5)  # past its prefill: streaming tokens
+            stack.kill_worker(0, signal.SIGSTOP)
+            with pytest.raises(openai.APIError) as raised:
+                await turn
+            outcomes.record_error(raised.value)
+        finally:
+            stack.kill_worker(0)
+            await client.close()
+        assert isinstance(raised.value, openai.InternalServerError), outcomes.errors
+        frontend_log = stack.frontend.log_path.read_text(errors="replace")
+        assert f"WorkerLeft: worker {victim} left discovery" in frontend_log
+        assert get_state(stack)["router"]["stalled"] == 1
+        await asyncio.to_thread(stack.restart_worker, 0)
+        await asyncio.to_thread(wait_until_ready, stack, 1)
+        settles(stack, "a hung lone worker")
+
+
 # ---- the router killed and restarted -------------------------------------------------------
 async def test_router_killed_and_restarted_mid_load_serves_again_with_a_fresh_table(
         tmp_path: Path) -> None:
