@@ -124,6 +124,9 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("stalled_streams_total", "counter", (),
      "Streams cut because their worker left discovery and they streamed nothing for a "
      "while (a hung worker); each then fails over unless it had finished."),
+    ("registrations_restored_total", "counter", (),
+     "Registration files of the router that file discovery had expired (the router frozen "
+     "past its lease) and the router wrote back, so the frontend routes to it again."),
     ("policy_reloads_total", "counter", ("result",),
      "Policy reloads (SIGHUP or --watch-policy), by result: ok, invalid, needs_restart."),
     ("lifecycle_events_total", "counter", ("event",),
@@ -216,6 +219,11 @@ class StateCollector(Collector):
             family.add_metric(base, value)
             yield family
         yield from self._operations(router.state_extensions)
+        registration = router.state_extensions.get("registration")
+        if registration is not None:
+            family = self._family(CounterMetricFamily, "registrations_restored_total")
+            family.add_metric(base, registration()["restored"])
+            yield family
         classifier = router.classifier
         if isinstance(classifier, ThunderAgentClassifier):
             yield from self._scheduler(classifier)

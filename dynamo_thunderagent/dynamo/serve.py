@@ -14,7 +14,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -191,12 +191,14 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
         kv_cache_block_size=args.block_size,
     )
     serving = asyncio.ensure_future(endpoint.serve_endpoint(router.generate))
+    keeping = _keep_registration(endpoint, router)
     log.info("router.serving", endpoint=router_path, workers=worker_path,
              model=args.model_name, policy=policy.source,
              classifier=policy.classifier.type, state_port=args.state_port or None)
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait({serving, stopped}, return_when=asyncio.FIRST_COMPLETED)
     log.info("router.stopping")
+    keeping()  # before the runtime deregisters: a router that leaves stays gone
     await router.stop()
     operate.close()
     if state_server is not None:
@@ -206,6 +208,32 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     serving.cancel()
     if serving.done() and not serving.cancelled() and serving.exception() is not None:
         raise serving.exception()  # type: ignore[misc]
+
+
+def _keep_registration(endpoint: Any, router: Any) -> Callable[[], None]:
+    """With file discovery, write the router's registration back if the store expires it
+    (:mod:`dynamo_thunderagent.dynamo.registration`; /state ``registration``). Returns
+    what stops that. The router serves without it where its instance id cannot be read."""
+    from dynamo_thunderagent.dynamo.registration import RegistrationKeeper, file_store, keep
+
+    store = file_store(os.environ)
+    if store is None:
+        return lambda: None
+    try:
+        instance_id = int(endpoint.connection_id())
+    except Exception as error:  # a binding without it: serve on, unkept
+        log.warning("registration.unwatched", store=str(store),
+                    reason=f"the endpoint's instance id is unreadable: "
+                           f"{type(error).__name__}: {error}")
+        return lambda: None
+    keeper = RegistrationKeeper(store, instance_id)
+    router.state_extensions["registration"] = keeper.state
+    task = asyncio.get_running_loop().create_task(keep(keeper))
+
+    def stop() -> None:
+        keeper.closed = True  # a write already running off the loop writes nothing more
+        task.cancel()
+    return stop
 
 
 def _exposition(read: Any) -> str:

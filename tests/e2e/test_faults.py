@@ -2,9 +2,10 @@
 
 Every case runs the real frontend, our router (the shipped extended policy, with a short
 tick) and mocker workers, does something a production deployment meets (a worker or the
-router killed mid-load, clients leaving in a storm, requests the engine refuses, oversize
-prompts, a flood of session ids, malformed session headers, workers with data-parallel
-ranks, a worker replaced while agents run) and ends with the same checks (:func:`settles`):
+router killed mid-load, a worker hung, the router frozen past its discovery lease, clients
+leaving in a storm, requests the engine refuses, oversize prompts, a flood of session ids,
+malformed session headers, workers with data-parallel ranks, a worker replaced while agents
+run) and ends with the same checks (:func:`settles`):
 
 * every request the router took reached exactly one terminal state (its counters add up:
   completed + aborted + rejected + session-final + cancelled + orphaned + pass-through);
@@ -25,9 +26,11 @@ import asyncio
 import contextlib
 import random
 import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 import yaml
@@ -456,6 +459,59 @@ async def test_router_killed_and_restarted_mid_load_serves_again_with_a_fresh_ta
                 "agents served again after the restart", 90)
         # The new router knows only what it saw since it started (no persisted table).
         settles(stack, "a router restart")
+
+
+# ---- the router frozen past its discovery lease ----------------------------------------------
+async def test_a_router_frozen_past_its_discovery_lease_is_routed_to_again(
+        tmp_path: Path) -> None:
+    # File discovery deletes a registration not renewed for 10 s, and Dynamo 1.6.1 never
+    # writes it again: the frontend answered 404 for the model until the router was
+    # restarted (a machine-wide stall did it once in CI). The router writes it back.
+    import openai
+
+    from dynamo_thunderagent.stack.process import signal_group
+
+    with start_stack(tmp_path) as stack:
+        await asyncio.to_thread(wait_until_ready, stack, 2)
+        router = stack.router
+        instances = stack.kv_dir / "v1" / "instances"
+
+        def router_listed() -> bool:
+            return any("router" in unquote(path.name) for path in instances.iterdir())
+
+        with sync_client(stack, timeout=30) as client:
+            chat(client, [{"role": "user", "content": turn_text("frozen", 0)}],
+                 session="frozen")
+            assert router_listed()
+            signal_group(router, signal.SIGSTOP)
+            try:
+                # Another process expires it once it is 10 s old.
+                await asyncio.to_thread(
+                    wait_for_condition, lambda: not router_listed(),
+                    "the frozen router's registration to expire", 60)
+            finally:
+                signal_group(router, signal.SIGCONT)
+            def served_again() -> bool:
+                try:
+                    chat(client, [{"role": "user", "content": turn_text("frozen", 1)}],
+                         session="frozen")
+                except openai.NotFoundError:  # not routed to (yet)
+                    return False
+                return True
+
+            await asyncio.to_thread(wait_for_condition, served_again,
+                                    "the router to be routed to again", 20)
+        state = get_state(stack)
+        assert state["registration"]["restored"] >= 1, state["registration"]
+        assert router_listed()
+        settles(stack, "a frozen router")
+
+
+def wait_for_condition(condition: Callable[[], bool], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.25)
 
 
 # ---- a storm of clients leaving: streaming or not, running or waiting for admission -------
