@@ -39,12 +39,17 @@ from dynamo_thunderagent.dynamo.translate import FINAL_HEADER, SESSION_HEADER
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY
 from dynamo_thunderagent.quantile import percentile
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
+from dynamo_thunderagent.stack.process import signal_group
 
 PROBE_PERIOD = 0.25
-FAULTS = ("worker-kill", "worker-hang", "router-restart", "disconnects", "bad-input")
+FAULTS = ("worker-kill", "worker-hang", "router-restart", "router-freeze", "disconnects",
+          "bad-input")
 # How long a hung worker stays stopped: past discovery's lease (about 10 s) and the
 # router's stall watch (5 s more), so the turns it held have gone on elsewhere.
 HANG_SECONDS = 20.0
+# How long a frozen router stays stopped: past file discovery's 10 s lease, so its
+# registration expires and it must write it back when it wakes.
+FREEZE_SECONDS = 15.0
 MAX_MODEL_LEN = 3072
 
 
@@ -241,6 +246,14 @@ async def _inject(bench: Bench, fault: str) -> None:
         await asyncio.to_thread(stack.restart_worker, index)  # SIGKILLs it first
     elif fault == "router-restart":
         await asyncio.to_thread(stack.restart_router)
+    elif fault == "router-freeze":  # a machine-wide stall, as far as the router can tell
+        router = stack.router
+        assert router is not None
+        signal_group(router, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(FREEZE_SECONDS)
+        finally:
+            signal_group(router, signal.SIGCONT)
     elif fault == "disconnects":
         tasks = [asyncio.create_task(bench.turn(f"leaver-{bench.rng.random():.9f}",
                                                 "leaving " * 200, max_tokens=200,

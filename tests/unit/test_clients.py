@@ -184,3 +184,21 @@ async def test_the_soaks_hung_worker_is_stopped_then_replaced(
     (_, index, sig), restart = calls
     assert sig == signal.SIGSTOP and restart == ("restart", index, None)
     assert "worker-hang" in reliability.FAULTS
+
+
+async def test_the_soaks_frozen_router_is_stopped_then_resumed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+    import signal
+    from types import SimpleNamespace
+
+    from dynamo_thunderagent.bench import reliability
+
+    router = SimpleNamespace(pid=12345)
+    sent: list[tuple[object, signal.Signals]] = []
+    monkeypatch.setattr(reliability, "signal_group", lambda proc, sig: sent.append((proc, sig)))
+    monkeypatch.setattr(reliability, "FREEZE_SECONDS", 0.0)
+    bench = SimpleNamespace(stack=SimpleNamespace(router=router), rng=random.Random(1))
+    await reliability._inject(bench, "router-freeze")
+    assert sent == [(router, signal.SIGSTOP), (router, signal.SIGCONT)]
+    assert "router-freeze" in reliability.FAULTS
