@@ -97,6 +97,7 @@ class RouterView:
     session_finals: int = 0
     live_workers: tuple[int, ...] = ()
     programs: int = 0
+    block_size_mismatch: str | None = None
     error: str | None = None
 
 
@@ -123,7 +124,17 @@ def router_view(url: str, state: Mapping[str, Any]) -> RouterView:
         session_finals=int(router["session_final"]) - int(router["doctor_probes"]),
         live_workers=tuple(int(w) for w in state.get("live_workers") or ()),
         programs=len(scheduler.get("programs") or {}),
+        block_size_mismatch=_block_size_mismatch(state.get("kv_router")),
     )
+
+
+def _block_size_mismatch(kv_router: object) -> str | None:
+    """What /state ``kv_router`` says is wrong with the KV router's block size (None: fine,
+    or a router that predates the key)."""
+    if not isinstance(kv_router, Mapping):
+        return None
+    problem = kv_router.get("mismatch")
+    return str(problem) if problem else None
 
 
 # ---- the checks ------------------------------------------------------------------------------
@@ -321,6 +332,10 @@ def check_router(router: RouterView) -> list[Finding]:
         findings.append(Finding("ok", "router", f"the router sees "
                                 f"{_count(len(router.live_workers), 'live worker')} and holds "
                                 f"{_count(router.programs, 'program')}"))
+    if router.block_size_mismatch is not None:
+        findings.append(Finding("fail", "block-size", router.block_size_mismatch,
+                                "restart serve once the workers are up: it reads the size "
+                                "from their model cards at startup"))
     total = router.recent_with_session + router.recent_without_session
     window = (f"the last {total} requests (window: {router.window_requests} requests, "
               f"{router.window_seconds:g} s)")

@@ -21,6 +21,7 @@ import structlog
 
 from dynamo_thunderagent.catalog import PluginError, default_catalog, load_policy
 from dynamo_thunderagent.config import PolicyError
+from dynamo_thunderagent.dynamo.block_size import await_block_size, mismatch
 from dynamo_thunderagent.dynamo.reload import check_policy
 from dynamo_thunderagent.program_log import configure_logging
 
@@ -41,8 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-name", required=True, help="served model name")
     parser.add_argument("--model-path", required=True,
                         help="model folder or hub id (tokenizer and chat template)")
-    parser.add_argument("--block-size", type=int, default=16,
-                        help="KV block size until the workers' cards say otherwise")
+    parser.add_argument("--block-size", type=int, default=None,
+                        help="tokens a KV block, as the engines use (default: what the workers' "
+                             "model cards say, waiting up to 30 s for one, else 16; a card "
+                             "that says otherwise overrides it)")
     parser.add_argument("--refresh-interval", type=float, default=1.0,
                         help="seconds between reads of worker liveness and capacity")
     parser.add_argument("--state-host", default="127.0.0.1",
@@ -92,6 +95,10 @@ def exposed_worker_path(worker_path: str, router_path: str) -> str | None:
 
 def run_serve(args: argparse.Namespace) -> int:
     configure_logging()  # JSON lines under DYN_LOGGING_JSONL, as Dynamo's processes
+    if args.block_size is not None and args.block_size < 1:
+        print(f"error: --block-size must be a positive number of tokens, got {args.block_size}",
+              file=sys.stderr)
+        return 2
     # Validate everything before touching the runtime: a bad policy stops
     # startup with the same message `validate` prints.
     catalog = default_catalog()
@@ -152,7 +159,10 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     client = await workers.client()
     cards = FpmEventSubscriber(workers)
     cards.start_tracking()
-    kv_router = KvRouter(workers, args.block_size, KvRouterConfig())
+    block_size, warning = await await_block_size(cards.get_model_cards, args.block_size)
+    if warning is not None:
+        log.warning("router.block_size", block_size=block_size, reason=warning)
+    kv_router = KvRouter(workers, block_size, KvRouterConfig())
     # The workers' component/endpoint in the router's namespace: a worker started there by
     # mistake is reachable by the frontend directly; the router warns while any is.
     exposed_path = exposed_worker_path(worker_path, router_path)
@@ -161,7 +171,7 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     classifier = catalog.build_classifier(policy.classifier)
     selector = catalog.build_selector(policy.stages["aggregated"])
     router = ThunderAgentRouter(classifier, selector, kv_router, client, cards,
-                                block_size=args.block_size,
+                                block_size=block_size,
                                 refresh_interval=args.refresh_interval,
                                 exposed=exposed, exposed_endpoint=exposed_path)
     operate = _operate(args, policy, catalog, classifier, router, loop)
@@ -188,10 +198,11 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
         args.model_path,
         args.model_name,
         worker_type=WorkerType.Aggregated,
-        kv_cache_block_size=args.block_size,
+        kv_cache_block_size=block_size,
     )
     serving = asyncio.ensure_future(endpoint.serve_endpoint(router.generate))
     keeping = _keep_registration(endpoint, router)
+    router.state_extensions["kv_router"] = _watch_block_size(router, block_size, loop)
     log.info("router.serving", endpoint=router_path, workers=worker_path,
              model=args.model_name, policy=policy.source,
              classifier=policy.classifier.type, state_port=args.state_port or None)
@@ -208,6 +219,32 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     serving.cancel()
     if serving.done() and not serving.cancelled() and serving.exception() is not None:
         raise serving.exception()  # type: ignore[misc]
+
+
+def _watch_block_size(router: Any, kv_router_block_size: int,
+                      loop: asyncio.AbstractEventLoop) -> Callable[[], dict[str, object]]:
+    """Say (in the log, once per size, and in /state ``kv_router``) when the workers' cards
+    come to state another block size than the KV router was built with
+    (:mod:`dynamo_thunderagent.dynamo.block_size`)."""
+    warned: set[int] = set()
+
+    def state() -> dict[str, object]:
+        workers = router.block_size
+        problem = mismatch(kv_router_block_size, workers)
+        if problem is not None and workers not in warned:
+            warned.add(workers)
+            log.warning("router.block_size_mismatch", kv_router_block_size=kv_router_block_size,
+                        workers_block_size=workers, reason=problem)
+        return {"block_size": kv_router_block_size, "workers_block_size": workers,
+                "mismatch": problem}
+
+    async def watch() -> None:
+        while True:
+            state()
+            await asyncio.sleep(5.0)
+
+    loop.create_task(watch())
+    return state
 
 
 def _keep_registration(endpoint: Any, router: Any) -> Callable[[], None]:

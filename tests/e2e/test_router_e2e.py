@@ -235,6 +235,31 @@ def test_requests_without_a_session_pass_through(stack: Any) -> None:
     assert after["router"]["completed"] == before["router"]["completed"]  # nothing tracked
 
 
+def test_serve_reads_the_workers_block_size_so_kv_routing_keeps_its_prefix_hits(
+        tmp_path: Path) -> None:
+    # Workers at 64 tokens a block (the mocker's own default) and serve run the way the
+    # README shows it, without --block-size: it builds its KV router with the size the
+    # workers' cards state. With 16 (the old fixed default) the KV router matched nothing,
+    # and a repeated prompt without a session id went to the other worker half the time.
+    policy = REPO_ROOT / "policies" / "thunderagent-extended.yaml"
+    router_cmd = ["{python}", "-m", "dynamo_thunderagent", "serve",
+                  "--router-policy-config", str(policy), "--endpoint", "{worker_endpoint}",
+                  "--router-endpoint", "{router_endpoint}", "--model-name", "{model_name}",
+                  "--model-path", "{model_path}"]
+    with _stack(tmp_path / "run", None, block_size=64, speedup_ratio=10.0,
+                router_cmd=router_cmd) as stack, _sync_client(stack) as client:
+        prompt = " ".join(f"repeated{i}" for i in range(300))
+        cached = []
+        for _ in range(6):
+            reply = chat(client, [{"role": "user", "content": prompt}], session=None,
+                         max_tokens=4)
+            assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+            cached.append(reply.usage.prompt_tokens_details.cached_tokens or 0)
+        assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
+        router_log = (stack.run_dir / "logs" / "router.log").read_text(errors="replace")
+        assert "block_size_mismatch" not in router_log
+
+
 # ---- 7. a client that goes away mid-stream --------------------------------------------------
 def test_client_disconnect_mid_stream_aborts_the_turn_and_keeps_the_program(stack: Any) -> None:
     session = "disconnect"

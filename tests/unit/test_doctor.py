@@ -196,3 +196,13 @@ def test_the_renderings_carry_every_finding_and_the_fixes() -> None:
     assert "FAIL  frontend" in text and "fix: do this" in text and "1 fail, 0 warn, 1 ok" in text
     document = json.loads(render_json(findings))
     assert document["ok"] is False and document["findings"][1]["fix"] == "do this"
+
+
+def test_a_kv_router_hashing_with_another_block_size_fails_the_check() -> None:
+    state = _state()
+    state["kv_router"] = {"block_size": 16, "workers_block_size": 64,
+                          "mismatch": "the workers' model cards now say 64 ..."}
+    view = router_view("u", state)
+    [finding] = by_check(check_router(view), "block-size")
+    assert finding.status == "fail" and "say 64" in finding.found and finding.fix
+    assert by_check(check_router(router_view("u", _state())), "block-size") == []
