@@ -94,11 +94,11 @@ def exposed_worker_path(worker_path: str, router_path: str) -> str | None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    configure_logging()  # JSON lines under DYN_LOGGING_JSONL, as Dynamo's processes
     if args.block_size is not None and args.block_size < 1:
         print(f"error: --block-size must be a positive number of tokens, got {args.block_size}",
               file=sys.stderr)
         return 2
+    configure_logging()  # JSON lines under DYN_LOGGING_JSONL, as Dynamo's processes
     # Validate everything before touching the runtime: a bad policy stops
     # startup with the same message `validate` prints.
     catalog = default_catalog()
@@ -202,7 +202,9 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     )
     serving = asyncio.ensure_future(endpoint.serve_endpoint(router.generate))
     keeping = _keep_registration(endpoint, router)
-    router.state_extensions["kv_router"] = _watch_block_size(router, block_size, loop)
+    block_size_state = _block_size_state(router, block_size)
+    router.state_extensions["kv_router"] = block_size_state
+    watching = loop.create_task(_every(block_size_state, 5.0))
     log.info("router.serving", endpoint=router_path, workers=worker_path,
              model=args.model_name, policy=policy.source,
              classifier=policy.classifier.type, state_port=args.state_port or None)
@@ -210,6 +212,7 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     await asyncio.wait({serving, stopped}, return_when=asyncio.FIRST_COMPLETED)
     log.info("router.stopping")
     keeping()  # before the runtime deregisters: a router that leaves stays gone
+    watching.cancel()
     await router.stop()
     operate.close()
     if state_server is not None:
@@ -221,11 +224,10 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
         raise serving.exception()  # type: ignore[misc]
 
 
-def _watch_block_size(router: Any, kv_router_block_size: int,
-                      loop: asyncio.AbstractEventLoop) -> Callable[[], dict[str, object]]:
-    """Say (in the log, once per size, and in /state ``kv_router``) when the workers' cards
-    come to state another block size than the KV router was built with
-    (:mod:`dynamo_thunderagent.dynamo.block_size`)."""
+def _block_size_state(router: Any, kv_router_block_size: int) -> Callable[[], dict[str, object]]:
+    """/state ``kv_router``: the KV router's block size against the one the workers' cards
+    state now; a mismatch is also logged, once per size, when this is read (serve reads it
+    every 5 s) (:mod:`dynamo_thunderagent.dynamo.block_size`)."""
     warned: set[int] = set()
 
     def state() -> dict[str, object]:
@@ -238,13 +240,14 @@ def _watch_block_size(router: Any, kv_router_block_size: int,
         return {"block_size": kv_router_block_size, "workers_block_size": workers,
                 "mismatch": problem}
 
-    async def watch() -> None:
-        while True:
-            state()
-            await asyncio.sleep(5.0)
-
-    loop.create_task(watch())
     return state
+
+
+async def _every(call: Callable[[], object], seconds: float) -> None:
+    """Call ``call`` every ``seconds`` until cancelled."""
+    while True:
+        call()
+        await asyncio.sleep(seconds)
 
 
 def _keep_registration(endpoint: Any, router: Any) -> Callable[[], None]:

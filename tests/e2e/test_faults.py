@@ -495,7 +495,12 @@ async def test_a_router_frozen_past_its_discovery_lease_is_routed_to_again(
                 try:
                     chat(client, [{"role": "user", "content": turn_text("frozen", 1)}],
                          session="frozen")
-                except openai.NotFoundError:  # not routed to (yet)
+                except (openai.NotFoundError, openai.InternalServerError) as error:
+                    # Not routed to yet: 404 until the frontend lists the model again, then
+                    # a 503 or two while its new client for the router finds the instance
+                    # (seen once in CI, 0.2 s after the model came back).
+                    if getattr(error, "status_code", None) not in (404, 503):
+                        raise
                     return False
                 return True
 

@@ -17,7 +17,7 @@ from dynamo_thunderagent.dynamo.block_size import (
     choose,
     mismatch,
 )
-from dynamo_thunderagent.dynamo.serve import _watch_block_size
+from dynamo_thunderagent.dynamo.serve import _block_size_state
 
 
 def test_the_cards_state_their_block_sizes() -> None:
@@ -74,13 +74,13 @@ async def test_the_wait_for_a_card_is_bounded() -> None:
     assert size == DEFAULT_BLOCK_SIZE and warning is not None
 
 
-async def test_the_router_says_once_when_the_cards_come_to_disagree() -> None:
+def test_the_router_says_once_when_the_cards_come_to_disagree() -> None:
     class Router:
         block_size = 16
 
     router = Router()
     with capture_logs() as logs:
-        state = _watch_block_size(router, 16, asyncio.get_running_loop())
+        state = _block_size_state(router, 16)
         assert state()["mismatch"] is None
         router.block_size = 64  # the cards, read by the router's refresh
         first, again = state(), state()
@@ -90,7 +90,12 @@ async def test_the_router_says_once_when_the_cards_come_to_disagree() -> None:
     assert len(said) == 1
 
 
-def test_serve_refuses_a_block_size_below_one(capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_refuses_a_block_size_below_one(capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from dynamo_thunderagent.dynamo import serve
+
+    # serve points structlog at this test's captured stderr, closed after it: keep it off.
+    monkeypatch.setattr(serve, "configure_logging", lambda: None)
     code = main(["serve", "--router-policy-config", "policies/thunderagent.yaml",
                  "--endpoint", "w.backend.generate", "--model-name", "m", "--model-path", "m",
                  "--block-size", "0"])
