@@ -33,9 +33,12 @@ import structlog
 log = structlog.get_logger("dynamo_thunderagent.registration")
 
 # How long serve waits for its own files to appear before it says the store is not as
-# expected, and how often the keeper looks.
+# expected, and how often the keeper looks: more often until it has copied the instance
+# registration, which the runtime writes a moment after the model card (a router frozen
+# in that moment, seen in CI, would otherwise come back as a model with no instance).
 CAPTURE_TIMEOUT_SECONDS = 30.0
 INTERVAL_SECONDS = 1.0
+FIRST_INTERVAL_SECONDS = 0.05
 
 
 def file_store(env: Mapping[str, str]) -> Path | None:
@@ -83,6 +86,12 @@ class RegistrationKeeper:
                     except FileNotFoundError:
                         continue  # expired between the listing and the read
         return len(self.copies)
+
+    @property
+    def has_instance(self) -> bool:
+        """Whether the copies hold this process's instance registration (the ``instances``
+        bucket), without which a model card written back lists a model nobody serves."""
+        return any(path.parent.name == "instances" for path in self.copies)
 
     def restore_missing(self) -> list[str]:
         """Write back each copied file that is gone (atomically: a temporary file at the
@@ -152,7 +161,8 @@ async def keep(keeper: RegistrationKeeper, interval: float = INTERVAL_SECONDS,
                 log.warning("registration.keep_failed", store=str(keeper.store),
                             error=message)
             keeper.error = message
-        await asyncio.sleep(interval)
+        early = not keeper.has_instance and keeper.clock() - started < capture_timeout
+        await asyncio.sleep(min(interval, FIRST_INTERVAL_SECONDS) if early else interval)
 
 
 def _key(path: Path) -> str:

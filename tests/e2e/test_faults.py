@@ -483,6 +483,10 @@ async def test_a_router_frozen_past_its_discovery_lease_is_routed_to_again(
             chat(client, [{"role": "user", "content": turn_text("frozen", 0)}],
                  session="frozen")
             assert router_listed()
+            # The router has copied its registration (both files) before it freezes.
+            await asyncio.to_thread(
+                wait_for_state, stack, lambda s: len(s["registration"]["keys"]) == 2,
+                "the router's copy of its registration")
             signal_group(router, signal.SIGSTOP)
             try:
                 # Another process expires it once it is 10 s old.
@@ -507,7 +511,7 @@ async def test_a_router_frozen_past_its_discovery_lease_is_routed_to_again(
             await asyncio.to_thread(wait_for_condition, served_again,
                                     "the router to be routed to again", 20)
         state = get_state(stack)
-        assert state["registration"]["restored"] >= 1, state["registration"]
+        assert state["registration"]["restored"] >= 2, state["registration"]
         assert router_listed()
         settles(stack, "a frozen router")
 

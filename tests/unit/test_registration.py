@@ -123,6 +123,23 @@ async def test_the_loop_writes_back_and_says_so(tmp_path: Path) -> None:
     assert keeper.restored == 1
 
 
+async def test_the_loop_looks_often_until_it_has_the_instance_registration(
+        tmp_path: Path) -> None:
+    # The runtime writes the instance file a moment after the model card; a router frozen
+    # in between must not come back as a model card without an instance (seen in CI).
+    files = _store(tmp_path)
+    instance = files["instance"].read_bytes()
+    files["instance"].unlink()
+    keeper = RegistrationKeeper(tmp_path, OURS)
+    task = asyncio.create_task(keep(keeper, interval=60.0))  # a minute between passes...
+    try:
+        await _until(lambda: len(keeper.copies) == 1)  # the card
+        files["instance"].write_bytes(instance)
+        await _until(lambda: keeper.has_instance, timeout=2.0)  # ...but not for this
+    finally:
+        task.cancel()
+
+
 async def test_the_loop_says_once_when_it_finds_nothing_of_its_own(tmp_path: Path) -> None:
     keeper = RegistrationKeeper(tmp_path, OURS)
     with capture_logs() as logs:
