@@ -10,9 +10,10 @@ each worker's model card says its own (``kv_cache_block_size``).
 
 So ``serve`` takes the size from the workers' cards when it starts: without ``--block-size``
 it waits for a card (up to :data:`WAIT_SECONDS`); with it, a card that says otherwise wins
-and the flag is reported as overridden. Where the cards change later (workers restarted with
-another size), the router cannot rebuild its KV router; :func:`mismatch` says so for the log,
-``/state`` (``kv_router``) and ``doctor``.
+and the flag is reported as overridden (a card that arrives later does not change the KV
+router: with the flag, serve does not wait). Where the cards come to disagree later (workers
+started after serve's wait, or restarted with another size), the router cannot rebuild its
+KV router; :func:`mismatch` says so for the log, ``/state`` (``kv_router``) and ``doctor``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ def card_block_sizes(model_cards: Mapping[str, str | Mapping[str, Any]]) -> set[
     """The block sizes the workers' model cards state (cards without one say nothing)."""
     sizes = set()
     for raw in model_cards.values():
-        card = json.loads(raw) if isinstance(raw, str) else raw
+        try:
+            card = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            continue  # not JSON: it says nothing we can read
+        if not isinstance(card, Mapping):
+            continue
         size = card.get("kv_cache_block_size")
         if isinstance(size, int) and not isinstance(size, bool) and size > 0:
             sizes.add(size)
@@ -62,13 +68,23 @@ def choose(flag: int | None, seen: set[int]) -> tuple[int, str | None]:
                                 "reported in /state kv_router once their cards arrive)")
 
 
-def mismatch(kv_router_block_size: int, workers_block_size: int) -> str | None:
-    """What is wrong when the workers' cards now state another size than the KV router's."""
-    if kv_router_block_size == workers_block_size:
+def mismatch(kv_router_block_size: int, workers: set[int]) -> str | None:
+    """What is wrong when the workers' cards now state another size than the KV router's
+    (``workers``: the sizes they state; none yet is no mismatch)."""
+    if not workers or workers == {kv_router_block_size}:
         return None
-    return (f"the workers' model cards now say {workers_block_size} tokens a KV block, the KV "
-            f"router hashes with {kv_router_block_size}: requests without a session id lose "
-            f"prefix-cache routing; restart serve (it reads the size from the cards)")
+    said = ", ".join(map(str, sorted(workers)))
+    return (f"the workers' model cards now say {said} tokens a KV block, the KV router "
+            f"hashes with {kv_router_block_size}: requests without a session id lose "
+            f"prefix-cache routing on workers of another size; restart serve once the "
+            f"workers are up (it reads the size from their cards)")
+
+
+def report(kv_router_block_size: int, workers: set[int]) -> dict[str, object]:
+    """/state ``kv_router``: the KV router's block size, the sizes the workers' cards state
+    now, and what is wrong (null when they agree)."""
+    return {"block_size": kv_router_block_size, "workers_block_sizes": sorted(workers),
+            "mismatch": mismatch(kv_router_block_size, workers)}
 
 
 async def await_block_size(read_cards: Callable[[], Mapping[str, Any]], flag: int | None,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -42,12 +43,12 @@ FIRST_INTERVAL_SECONDS = 0.05
 
 
 def file_store(env: Mapping[str, str]) -> Path | None:
-    """The file-discovery store this process registers in; None with another backend
-    (etcd keeps its own leases) or where the store does not exist."""
+    """The file-discovery store this process registers in (``DYN_FILE_KV``, else Dynamo's
+    default under the temporary folder); None with another backend (etcd keeps its own
+    leases)."""
     if env.get("DYN_DISCOVERY_BACKEND") != "file":
         return None
-    root = Path(env.get("DYN_FILE_KV") or Path(tempfile.gettempdir()) / "dynamo_store_kv")
-    return root if root.is_dir() else None
+    return Path(env.get("DYN_FILE_KV") or Path(tempfile.gettempdir()) / "dynamo_store_kv")
 
 
 def owned(name: str, instance_id: int) -> bool:
@@ -70,6 +71,9 @@ class RegistrationKeeper:
         self.last_restored_at: float | None = None
         self.error: str | None = None
         self.closed = False  # serve is stopping: nothing is written back any more
+        # Held for each check-and-write of a file and by close(): once close() returns,
+        # no write is under way and none starts.
+        self._writing = threading.Lock()
 
     def capture(self) -> int:
         """Copy every file of this instance now in the store (again: a copy read while
@@ -78,14 +82,24 @@ class RegistrationKeeper:
         buckets = self.store / "v1"
         if not buckets.is_dir():
             return len(self.copies)
+        found: dict[Path, bytes] = {}
         for bucket in sorted(p for p in buckets.iterdir() if p.is_dir()):
             for path in bucket.iterdir():
                 if owned(path.name, self.instance_id):
                     try:
-                        self.copies[path] = path.read_bytes()
+                        found[path] = path.read_bytes()
                     except FileNotFoundError:
                         continue  # expired between the listing and the read
+        # A new dict, swapped in whole: state() reads the copies on the event loop while
+        # this runs on a thread.
+        self.copies = {**self.copies, **found}
         return len(self.copies)
+
+    def close(self) -> None:
+        """Write nothing back from now on (serve stops before the runtime deregisters);
+        returns once a write under way has finished."""
+        with self._writing:
+            self.closed = True
 
     @property
     def has_instance(self) -> bool:
@@ -99,18 +113,19 @@ class RegistrationKeeper:
         keys written."""
         written: list[str] = []
         for path, data in self.copies.items():
-            if self.closed:
-                break
-            if path.exists():
-                continue
-            fd, tmp = tempfile.mkstemp(prefix=".thunderagent-", dir=self.store)
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    out.write(data)
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            with self._writing:
+                if self.closed:
+                    break
+                if path.exists():
+                    continue
+                fd, tmp = tempfile.mkstemp(prefix=".thunderagent-", dir=self.store)
+                try:
+                    with os.fdopen(fd, "wb") as out:
+                        out.write(data)
+                    os.replace(tmp, path)
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
             written.append(_key(path))
         if written:
             self.restored += len(written)
@@ -155,7 +170,7 @@ async def keep(keeper: RegistrationKeeper, interval: float = INTERVAL_SECONDS,
                                  "process or the machine frozen past the 10 s lease?); "
                                  "written back, so the frontend routes to it again")
             keeper.error = None
-        except OSError as error:
+        except Exception as error:  # the keeper goes on, whatever the store did
             message = f"{type(error).__name__}: {error}"
             if message != keeper.error:
                 log.warning("registration.keep_failed", store=str(keeper.store),

@@ -21,7 +21,12 @@ import structlog
 
 from dynamo_thunderagent.catalog import PluginError, default_catalog, load_policy
 from dynamo_thunderagent.config import PolicyError
-from dynamo_thunderagent.dynamo.block_size import await_block_size, mismatch
+from dynamo_thunderagent.dynamo.block_size import (
+    await_block_size,
+    card_block_sizes,
+    mismatch,
+    report,
+)
 from dynamo_thunderagent.dynamo.reload import check_policy
 from dynamo_thunderagent.program_log import configure_logging
 
@@ -43,9 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", required=True,
                         help="model folder or hub id (tokenizer and chat template)")
     parser.add_argument("--block-size", type=int, default=None,
-                        help="tokens a KV block, as the engines use (default: what the workers' "
-                             "model cards say, waiting up to 30 s for one, else 16; a card "
-                             "that says otherwise overrides it)")
+                        help="tokens a KV block, as the engines use, where no worker's model "
+                             "card says it yet at startup (a card there that says otherwise "
+                             "wins); default: wait up to 30 s for a card, else 16")
     parser.add_argument("--refresh-interval", type=float, default=1.0,
                         help="seconds between reads of worker liveness and capacity")
     parser.add_argument("--state-host", default="127.0.0.1",
@@ -202,9 +207,10 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     )
     serving = asyncio.ensure_future(endpoint.serve_endpoint(router.generate))
     keeping = _keep_registration(endpoint, router)
-    block_size_state = _block_size_state(router, block_size)
-    router.state_extensions["kv_router"] = block_size_state
-    watching = loop.create_task(_every(block_size_state, 5.0))
+    serving.add_done_callback(lambda _: keeping())  # the endpoint ended: it deregistered
+    router.state_extensions["kv_router"] = lambda: report(
+        block_size, card_block_sizes(cards.get_model_cards()))
+    watching = loop.create_task(_watch_block_size(cards, block_size))
     log.info("router.serving", endpoint=router_path, workers=worker_path,
              model=args.model_name, policy=policy.source,
              classifier=policy.classifier.type, state_port=args.state_port or None)
@@ -224,33 +230,28 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
         raise serving.exception()  # type: ignore[misc]
 
 
-def _block_size_state(router: Any, kv_router_block_size: int) -> Callable[[], dict[str, object]]:
-    """/state ``kv_router``: the KV router's block size against the one the workers' cards
-    state now; a mismatch is also logged, once per size, when this is read (serve reads it
-    every 5 s) (:mod:`dynamo_thunderagent.dynamo.block_size`)."""
-    warned: set[int] = set()
-
-    def state() -> dict[str, object]:
-        workers = router.block_size
-        problem = mismatch(kv_router_block_size, workers)
-        if problem is not None and workers not in warned:
-            warned.add(workers)
-            log.warning("router.block_size_mismatch", kv_router_block_size=kv_router_block_size,
-                        workers_block_size=workers, reason=problem)
-        return {"block_size": kv_router_block_size, "workers_block_size": workers,
-                "mismatch": problem}
-
-    return state
-
-
-async def _every(call: Callable[[], object], seconds: float) -> None:
-    """Call ``call`` every ``seconds`` until cancelled."""
+async def _watch_block_size(cards: Any, kv_router_block_size: int,
+                            every: float = 5.0) -> None:
+    """Log, once per set of sizes, when the workers' cards come to state another KV block
+    size than the KV router was built with (:mod:`dynamo_thunderagent.dynamo.block_size`);
+    /state ``kv_router`` shows it all along."""
+    warned: set[frozenset[int]] = set()
     while True:
-        call()
-        await asyncio.sleep(seconds)
+        try:
+            sizes = card_block_sizes(cards.get_model_cards())
+        except Exception as error:  # the watch goes on; the next read may work
+            log.warning("router.block_size_unread", error=f"{type(error).__name__}: {error}")
+            sizes = set()
+        problem = mismatch(kv_router_block_size, sizes)
+        if problem is not None and frozenset(sizes) not in warned:
+            warned.add(frozenset(sizes))
+            log.warning("router.block_size_mismatch", kv_router_block_size=kv_router_block_size,
+                        workers_block_sizes=sorted(sizes), reason=problem)
+        await asyncio.sleep(every)
 
 
-def _keep_registration(endpoint: Any, router: Any) -> Callable[[], None]:
+def _keep_registration(endpoint: Any, router: Any,
+                       interval: float = 1.0) -> Callable[[], None]:
     """With file discovery, write the router's registration back if the store expires it
     (:mod:`dynamo_thunderagent.dynamo.registration`; /state ``registration``). Returns
     what stops that. The router serves without it where its instance id cannot be read."""
@@ -258,6 +259,11 @@ def _keep_registration(endpoint: Any, router: Any) -> Callable[[], None]:
 
     store = file_store(os.environ)
     if store is None:
+        return lambda: None
+    if not store.is_dir():
+        log.warning("registration.unwatched", store=str(store),
+                    reason="the file store is not there; an expired registration will not "
+                           "be written back")
         return lambda: None
     try:
         instance_id = int(endpoint.connection_id())
@@ -268,10 +274,10 @@ def _keep_registration(endpoint: Any, router: Any) -> Callable[[], None]:
         return lambda: None
     keeper = RegistrationKeeper(store, instance_id)
     router.state_extensions["registration"] = keeper.state
-    task = asyncio.get_running_loop().create_task(keep(keeper))
+    task = asyncio.get_running_loop().create_task(keep(keeper, interval))
 
     def stop() -> None:
-        keeper.closed = True  # a write already running off the loop writes nothing more
+        keeper.close()  # waits for a write under way off the loop; none starts after it
         task.cancel()
     return stop
 

@@ -16,14 +16,16 @@ from dynamo_thunderagent.dynamo.block_size import (
     card_block_sizes,
     choose,
     mismatch,
+    report,
 )
-from dynamo_thunderagent.dynamo.serve import _block_size_state
+from dynamo_thunderagent.dynamo.serve import _watch_block_size
 
 
 def test_the_cards_state_their_block_sizes() -> None:
     cards = {"1": json.dumps({"kv_cache_block_size": 64}), "2": {"kv_cache_block_size": 64},
              "3": {"runtime_config": {}}, "4": {"kv_cache_block_size": 0},
-             "5": {"kv_cache_block_size": True}, "6": {"kv_cache_block_size": "16"}}
+             "5": {"kv_cache_block_size": True}, "6": {"kv_cache_block_size": "16"},
+             "7": "not json", "8": "[16]"}
     assert card_block_sizes(cards) == {64}
     assert card_block_sizes({}) == set()
 
@@ -49,9 +51,14 @@ def test_cards_that_disagree_are_said_and_the_flag_breaks_the_tie() -> None:
 
 
 def test_a_later_mismatch_is_named() -> None:
-    assert mismatch(64, 64) is None
-    problem = mismatch(16, 64)
+    assert mismatch(64, {64}) is None
+    assert mismatch(64, set()) is None  # no card yet says anything
+    problem = mismatch(16, {64})
     assert problem is not None and "say 64" in problem and "hashes with 16" in problem
+    problem = mismatch(16, {16, 64})  # some workers of another size
+    assert problem is not None and "say 16, 64" in problem
+    assert report(16, {64}) == {"block_size": 16, "workers_block_sizes": [64],
+                                "mismatch": mismatch(16, {64})}
 
 
 async def test_without_the_flag_serve_waits_for_a_card() -> None:
@@ -66,7 +73,14 @@ async def test_without_the_flag_serve_waits_for_a_card() -> None:
 
 
 async def test_with_the_flag_serve_does_not_wait() -> None:
-    assert await await_block_size(lambda: {}, 32, wait=10.0) == (32, None)
+    reads: list[int] = []
+
+    def read() -> dict[str, Any]:
+        reads.append(1)
+        return {}
+
+    assert await asyncio.wait_for(await_block_size(read, 32, wait=10.0), 1.0) == (32, None)
+    assert len(reads) == 1
 
 
 async def test_the_wait_for_a_card_is_bounded() -> None:
@@ -74,20 +88,24 @@ async def test_the_wait_for_a_card_is_bounded() -> None:
     assert size == DEFAULT_BLOCK_SIZE and warning is not None
 
 
-def test_the_router_says_once_when_the_cards_come_to_disagree() -> None:
-    class Router:
-        block_size = 16
+async def test_the_router_says_once_when_the_cards_come_to_disagree() -> None:
+    class Cards:
+        cards: dict[str, Any] = {}
 
-    router = Router()
+        def get_model_cards(self) -> dict[str, Any]:
+            return self.cards
+
+    cards = Cards()
     with capture_logs() as logs:
-        state = _block_size_state(router, 16)
-        assert state()["mismatch"] is None
-        router.block_size = 64  # the cards, read by the router's refresh
-        first, again = state(), state()
-    assert first["mismatch"] is not None and again == first
-    assert first["block_size"] == 16 and first["workers_block_size"] == 64
+        task = asyncio.create_task(_watch_block_size(cards, 16, every=0.01))
+        try:
+            await asyncio.sleep(0.05)  # no card yet: nothing to say
+            cards.cards = {"1": {"kv_cache_block_size": 64}}  # workers started later
+            await asyncio.sleep(0.1)  # several passes: said once
+        finally:
+            task.cancel()
     said = [entry for entry in logs if entry["event"] == "router.block_size_mismatch"]
-    assert len(said) == 1
+    assert len(said) == 1 and said[0]["workers_block_sizes"] == [64]
 
 
 def test_serve_refuses_a_block_size_below_one(capsys: pytest.CaptureFixture[str],

@@ -46,11 +46,11 @@ def test_the_store_is_the_file_backend_s_only() -> None:
     assert file_store({}) is None
 
 
-def test_the_store_is_dyn_file_kv_when_it_exists(tmp_path: Path) -> None:
+def test_the_store_is_dyn_file_kv_else_dynamo_s_default(tmp_path: Path) -> None:
     env = {"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(tmp_path)}
     assert file_store(env) == tmp_path
-    env["DYN_FILE_KV"] = str(tmp_path / "absent")
-    assert file_store(env) is None
+    store = file_store({"DYN_DISCOVERY_BACKEND": "file"})
+    assert store is not None and store.name == "dynamo_store_kv"
 
 
 def test_a_file_is_owned_when_its_key_ends_in_the_instance_id() -> None:
@@ -97,7 +97,7 @@ def test_a_closed_keeper_writes_nothing_back(tmp_path: Path) -> None:
     files = _store(tmp_path)
     keeper = RegistrationKeeper(tmp_path, OURS)
     keeper.capture()
-    keeper.closed = True
+    keeper.close()
     files["instance"].unlink()
     assert keeper.restore_missing() == []
     assert not files["instance"].exists()
@@ -214,15 +214,31 @@ async def test_serve_keeps_the_registration_and_stops_keeping_it(
     class Router:
         state_extensions: dict[str, object] = {}
 
-    stop = _keep_registration(Endpoint(), Router())
+    stop = _keep_registration(Endpoint(), Router(), interval=0.01)
     state = Router.state_extensions["registration"]
     assert callable(state)
     await _until(lambda: len(state()["keys"]) == 2)
+    files["card"].unlink()
+    await _until(lambda: files["card"].exists())  # kept...
     stop()
-    await asyncio.sleep(0.05)
     files["instance"].unlink()  # the runtime deregistering on the way out
-    await asyncio.sleep(0.05)
-    assert not files["instance"].exists()
+    await asyncio.sleep(0.2)  # twenty intervals
+    assert not files["instance"].exists()  # ...until serve stops it
+
+
+async def test_serve_goes_on_unkept_where_the_file_store_is_not_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DYN_DISCOVERY_BACKEND", "file")
+    monkeypatch.setenv("DYN_FILE_KV", str(tmp_path / "absent"))
+
+    class Router:
+        state_extensions: dict[str, object] = {}
+
+    with capture_logs() as logs:
+        _keep_registration(object(), Router())()
+    assert "registration" not in Router.state_extensions
+    [said] = logs
+    assert said["event"] == "registration.unwatched" and "not there" in said["reason"]
 
 
 async def _until(condition: object, timeout: float = 5.0) -> None:
