@@ -45,6 +45,7 @@ from dynamo_thunderagent.classifier import (
     Sent,
 )
 from dynamo_thunderagent.costs import TurnTiming
+from dynamo_thunderagent.dynamo.block_size import card_block_sizes
 from dynamo_thunderagent.dynamo.failover import (
     Continuation,
     address_in_error,
@@ -148,6 +149,9 @@ class ThunderAgentRouter:
         self.client = client
         self.cards = cards
         self.block_size = block_size
+        # The KV block sizes the workers' model cards state, every card counted (serve
+        # compares them with its KV router's, block_size.py).
+        self.stated_block_sizes: set[int] = set()
         self.refresh_interval = refresh_interval
         self.clock = clock
         self.stats = RouterStats()
@@ -575,7 +579,9 @@ class ThunderAgentRouter:
     def refresh_workers(self) -> bool:
         """Read liveness and capacity cards; tell the classifier. True if changed."""
         live = self._live_ids()
-        cards = capacity_cards(self.cards.get_model_cards()) if self.cards else {}
+        model_cards = self.cards.get_model_cards() if self.cards else {}
+        self.stated_block_sizes = card_block_sizes(model_cards)
+        cards = capacity_cards(model_cards)
         cards = {k: v for k, v in cards.items() if k.worker_id in live}
         self.classifier.update_workers(live, cards)
         block_sizes = {card.block_size for card in cards.values()}

@@ -21,12 +21,7 @@ import structlog
 
 from dynamo_thunderagent.catalog import PluginError, default_catalog, load_policy
 from dynamo_thunderagent.config import PolicyError
-from dynamo_thunderagent.dynamo.block_size import (
-    await_block_size,
-    card_block_sizes,
-    mismatch,
-    report,
-)
+from dynamo_thunderagent.dynamo.block_size import await_block_size, mismatch, report
 from dynamo_thunderagent.dynamo.reload import check_policy
 from dynamo_thunderagent.program_log import configure_logging
 
@@ -208,9 +203,8 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     serving = asyncio.ensure_future(endpoint.serve_endpoint(router.generate))
     keeping = _keep_registration(endpoint, router)
     serving.add_done_callback(lambda _: keeping())  # the endpoint ended: it deregistered
-    router.state_extensions["kv_router"] = lambda: report(
-        block_size, card_block_sizes(cards.get_model_cards()))
-    watching = loop.create_task(_watch_block_size(cards, block_size))
+    router.state_extensions["kv_router"] = lambda: report(block_size, router.stated_block_sizes)
+    watching = loop.create_task(_watch_block_size(router, block_size))
     log.info("router.serving", endpoint=router_path, workers=worker_path,
              model=args.model_name, policy=policy.source,
              classifier=policy.classifier.type, state_port=args.state_port or None)
@@ -230,18 +224,15 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
         raise serving.exception()  # type: ignore[misc]
 
 
-async def _watch_block_size(cards: Any, kv_router_block_size: int,
+async def _watch_block_size(router: Any, kv_router_block_size: int,
                             every: float = 5.0) -> None:
-    """Log, once per set of sizes, when the workers' cards come to state another KV block
-    size than the KV router was built with (:mod:`dynamo_thunderagent.dynamo.block_size`);
-    /state ``kv_router`` shows it all along."""
+    """Log, once per set of sizes, when the workers' cards (as the router's refresh last
+    read them) come to state another KV block size than the KV router was built with
+    (:mod:`dynamo_thunderagent.dynamo.block_size`); /state ``kv_router`` shows it all
+    along."""
     warned: set[frozenset[int]] = set()
     while True:
-        try:
-            sizes = card_block_sizes(cards.get_model_cards())
-        except Exception as error:  # the watch goes on; the next read may work
-            log.warning("router.block_size_unread", error=f"{type(error).__name__}: {error}")
-            sizes = set()
+        sizes = set(router.stated_block_sizes)
         problem = mismatch(kv_router_block_size, sizes)
         if problem is not None and frozenset(sizes) not in warned:
             warned.add(frozenset(sizes))
