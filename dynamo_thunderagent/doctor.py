@@ -20,6 +20,9 @@ from dynamo_thunderagent.dynamo.stats import MISSING_SESSIONS_MIN_REQUESTS
 Status = Literal["ok", "warn", "fail"]
 SESSION_HEADER_FIX = ("send X-Dynamo-Session-ID: <stable id> on every turn of an agent "
                       "(examples/agent_loop.py shows the loop)")
+ONE_ROUTER_FIX = ("run exactly one `dynamo-thunderagent serve` per model and set of workers "
+                  "(a Kubernetes Deployment of replicas: 1) and stop the others; a router "
+                  "stopped in the last 10 s (file discovery) or 30 s (etcd) may still be listed")
 # The namespace a frontend cannot be scoped to: it discovers every namespace with it.
 UNSCOPED_NAMESPACE = "dynamo"
 
@@ -98,6 +101,7 @@ class RouterView:
     live_workers: tuple[int, ...] = ()
     programs: int = 0
     block_size_mismatch: str | None = None
+    other_routers: str | None = None  # /state routers.problem: others serve its endpoint
     error: str | None = None
 
 
@@ -125,6 +129,7 @@ def router_view(url: str, state: Mapping[str, Any]) -> RouterView:
         live_workers=tuple(int(w) for w in state.get("live_workers") or ()),
         programs=len(scheduler.get("programs") or {}),
         block_size_mismatch=_block_size_mismatch(state.get("kv_router")),
+        other_routers=_problem(state.get("routers")),
     )
 
 
@@ -134,6 +139,14 @@ def _block_size_mismatch(kv_router: object) -> str | None:
     if not isinstance(kv_router, Mapping):
         return None
     problem = kv_router.get("mismatch")
+    return str(problem) if problem else None
+
+
+def _problem(part: object) -> str | None:
+    """A /state part's ``problem`` (None: none, or a router that predates the part)."""
+    if not isinstance(part, Mapping):
+        return None
+    problem = part.get("problem")
     return str(problem) if problem else None
 
 
@@ -191,7 +204,14 @@ def check_discovery(settings: Settings, discovery: Discovery) -> list[Finding]:
                         f"model {model!r}")]
     routers = [c for c in cards if c.path == settings.router_endpoint]
     workers = [c for c in discovery.cards if c.path == settings.worker_endpoint]
-    if routers:
+    if len(routers) > 1:
+        findings.append(Finding("fail", "router",
+                                f"{len(routers)} routers serve {model!r} at "
+                                f"{_listing(routers)}: the frontend spreads requests over them, "
+                                "and each keeps a program table of its own and admits programs "
+                                "up to the workers' whole KV cache",
+                                ONE_ROUTER_FIX))
+    elif routers:
         findings.append(Finding("ok", "router", f"the router serves {model!r} at "
                                 f"{_listing(routers)}"))
     else:
@@ -332,6 +352,8 @@ def check_router(router: RouterView) -> list[Finding]:
         findings.append(Finding("ok", "router", f"the router sees "
                                 f"{_count(len(router.live_workers), 'live worker')} and holds "
                                 f"{_count(router.programs, 'program')}"))
+    if router.other_routers is not None:
+        findings.append(Finding("fail", "routers", router.other_routers, ONE_ROUTER_FIX))
     if router.block_size_mismatch is not None:
         findings.append(Finding("fail", "block-size", router.block_size_mismatch,
                                 "restart serve once the workers are up: it reads the size "

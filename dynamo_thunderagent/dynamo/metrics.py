@@ -127,6 +127,9 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("registrations_restored_total", "counter", (),
      "Registration files of the router that file discovery had expired (the router frozen "
      "past its lease) and the router wrote back, so the frontend routes to it again."),
+    ("other_routers", "gauge", (),
+     "Other routers serving this router's endpoint for longer than 45 s (0 in "
+     "a sound deployment: one router per model and set of workers)."),
     ("policy_reloads_total", "counter", ("result",),
      "Policy reloads (SIGHUP or --watch-policy), by result: ok, invalid, needs_restart."),
     ("lifecycle_events_total", "counter", ("event",),
@@ -223,6 +226,12 @@ class StateCollector(Collector):
         if registration is not None:
             family = self._family(CounterMetricFamily, "registrations_restored_total")
             family.add_metric(base, registration()["restored"])
+            yield family
+        routers = router.state_extensions.get("routers")
+        confirmed = routers().get("confirmed_instances") if routers is not None else None
+        if isinstance(confirmed, list):  # absent while the watch is off
+            family = self._family(GaugeMetricFamily, "other_routers")
+            family.add_metric(base, len(confirmed))
             yield family
         classifier = router.classifier
         if isinstance(classifier, ThunderAgentClassifier):

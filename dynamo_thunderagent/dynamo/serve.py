@@ -204,7 +204,8 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     keeping = _keep_registration(endpoint, router)
     serving.add_done_callback(lambda _: keeping())  # the endpoint ended: it deregistered
     router.state_extensions["kv_router"] = lambda: report(block_size, router.stated_block_sizes)
-    watching = loop.create_task(_watch_block_size(router, block_size))
+    watching = [loop.create_task(_watch_block_size(router, block_size)),
+                loop.create_task(_watch_peers(runtime, endpoint, router_path, router))]
     log.info("router.serving", endpoint=router_path, workers=worker_path,
              model=args.model_name, policy=policy.source,
              classifier=policy.classifier.type, state_port=args.state_port or None)
@@ -212,7 +213,8 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     await asyncio.wait({serving, stopped}, return_when=asyncio.FIRST_COMPLETED)
     log.info("router.stopping")
     keeping()  # before the runtime deregisters: a router that leaves stays gone
-    watching.cancel()
+    for task in watching:
+        task.cancel()
     await router.stop()
     operate.close()
     if state_server is not None:
@@ -239,6 +241,28 @@ async def _watch_block_size(router: Any, kv_router_block_size: int,
             log.warning("router.block_size_mismatch", kv_router_block_size=kv_router_block_size,
                         workers_block_sizes=sorted(sizes), reason=problem)
         await asyncio.sleep(every)
+
+
+async def _watch_peers(runtime: Any, endpoint: Any, router_path: str, router: Any) -> None:
+    """Watch for other routers serving this router's endpoint
+    (:mod:`dynamo_thunderagent.dynamo.peers`; /state ``routers``)."""
+    from dynamo_thunderagent.dynamo.peers import PeerWatch, watch_peers
+
+    try:
+        own: int | None = int(endpoint.connection_id())
+    except Exception as error:  # a binding without it: count instances instead
+        log.warning("router.instance_id_unreadable", error=f"{type(error).__name__}: {error}")
+        own = None
+    watch = PeerWatch(router_path, own)
+    router.state_extensions["routers"] = watch.state
+    try:
+        client = await runtime.endpoint(router_path).client()
+    except Exception as error:  # serve on without the watch; /state says it is off
+        unwatched = {"endpoint": router_path, "unwatched": repr(error)}
+        log.warning("router.peer_check_failed", **unwatched)
+        router.state_extensions["routers"] = lambda: unwatched
+        return
+    await watch_peers(client, watch)
 
 
 def _keep_registration(endpoint: Any, router: Any,

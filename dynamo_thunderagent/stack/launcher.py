@@ -59,6 +59,7 @@ from dynamo_thunderagent.stack.readiness import (
     Readiness,
     model_listed,
     port_open,
+    router_sees_workers,
     wait_for,
     worker_instances,
 )
@@ -361,6 +362,31 @@ class LocalStack:
         router = self.router
         assert router is not None
         return router.pid
+
+    def start_router_again(self, timeout: float | None = None) -> tuple[StackProcess, str]:
+        """Start a second router like the first, at the same endpoint, with a state port of
+        its own; return it and its state URL once it lists every worker.
+
+        This builds the misconfiguration ``doctor`` and the routers themselves report: two
+        program tables for one set of workers. The process is listed in ``processes`` after
+        the first router (``router`` stays the first) and is stopped with the stack.
+        """
+        self._check_running()
+        launch = self.arm.router(self.launch)
+        if launch is None or "--state-port" not in launch.argv:
+            raise StackError(f"arm {self.config.arm!r} has no router with a state port")
+        argv = list(launch.argv)
+        port = free_port()
+        argv[argv.index("--state-port") + 1] = str(port)
+        proc = self._spawn("router-2", "router", argv, {**self._env, **launch.env},
+                           system_port=free_system_port())
+        state_url = http_url(port, "/state")
+        deadline = time.monotonic() + (timeout or self.config.startup_timeout_s)
+        want = self.config.num_workers
+        self._wait_for(Readiness(lambda: router_sees_workers(state_url, want),
+                                 f"the second router: {want} live workers in its state"),
+                       deadline)
+        return proc, state_url
 
     def start_worker_in(self, namespace: str, timeout: float | None = None) -> StackProcess:
         """Start one more mocker worker, like the others but serving in ``namespace``.

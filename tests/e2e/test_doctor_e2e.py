@@ -10,6 +10,7 @@ driven by examples/agent_loop.py, must report no failure.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -181,3 +182,40 @@ def test_doctor_reports_a_frontend_not_scoped_to_the_routers_namespace(
         assert stack.worker_endpoint in bypass["found"]
         assert f"--namespace {stack.namespace}" in bypass["fix"]
         assert [f["check"] for f in failing(findings)] == ["frontend"]
+
+
+def test_a_second_router_at_the_same_endpoint_is_reported_by_both_routers_and_doctor(
+        tmp_path: Path) -> None:
+    # Two routers for one set of workers: the frontend spreads requests over both, and each
+    # admits programs up to the whole KV cache with a program table of its own.
+    import urllib.request
+
+    from dynamo_thunderagent.stack.process import end
+
+    def routers_part(url: str) -> dict[str, Any]:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            part: dict[str, Any] = json.loads(answer.read())["routers"]
+        return part
+
+    with _stack(tmp_path / "run") as stack:
+        wait_until_ready(stack, 1)
+        first = routers_part(stack.state_url)
+        assert first["other_instances"] == [] and first["problem"] is None
+        second, second_url = stack.start_router_again()
+        findings = doctor_until(
+            stack, lambda fs: {"router", "routers"} <= {f["check"] for f in failing(fs)},
+            "the second router, in discovery and in the router's state")
+        [listed] = [f for f in failing(findings) if f["check"] == "router"]
+        assert "2 routers serve" in listed["found"] and "exactly one" in listed["fix"]
+        # Each router names the other, and said so in its log at WARN.
+        mine, theirs = routers_part(stack.state_url), routers_part(second_url)
+        assert mine["other_instances"] == [theirs["instance_id"]]
+        assert theirs["other_instances"] == [mine["instance_id"]]
+        assert mine["problem"] and str(theirs["instance_id"]) in mine["problem"]
+        log = wait_for_log(stack, "router.other_instances")
+        assert "warning" in log.split("router.other_instances")[0].splitlines()[-1]
+        # Once the second one has stopped, the finding clears.
+        end(second, signal.SIGTERM, 10.0)
+        wait_for_state(stack, lambda s: s["routers"]["problem"] is None,
+                       "the router to see the second one gone")
+        wait_for_log(stack, "router.other_instances_gone")

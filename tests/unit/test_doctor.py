@@ -206,3 +206,19 @@ def test_a_kv_router_hashing_with_another_block_size_fails_the_check() -> None:
     [finding] = by_check(check_router(view), "block-size")
     assert finding.status == "fail" and "say 64" in finding.found and finding.fix
     assert by_check(check_router(router_view("u", _state())), "block-size") == []
+
+
+def test_two_routers_at_the_routers_endpoint_fail_in_discovery_and_in_its_state() -> None:
+    second = Registration("ta", "router", "generate", 2, "tiny", None)
+    findings = check_discovery(SETTINGS, Discovery("file", "/kv", (ROUTER, second, WORKER_A)))
+    [router] = by_check(findings, "router")
+    assert router.status == "fail" and "2 routers serve 'tiny'" in router.found
+    assert router.fix is not None and "exactly one" in router.fix
+    state = _state()
+    state["routers"] = {"endpoint": "ta.router.generate", "instance_id": 1,
+                        "other_instances": [2], "problem": "other routers serve ..."}
+    [finding] = by_check(check_router(router_view("u", state)), "routers")
+    assert finding.status == "fail" and finding.found == "other routers serve ..."
+    state["routers"]["problem"] = None  # listed, not yet confirmed: nothing to say
+    assert by_check(check_router(router_view("u", state)), "routers") == []
+    assert by_check(check_router(router_view("u", _state())), "routers") == []

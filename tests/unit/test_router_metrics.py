@@ -128,6 +128,21 @@ async def test_the_resume_loss_gauge_shows_what_paused_programs_found_back_home(
                  dp_rank="0") == pytest.approx(0.1)
 
 
+def test_the_other_routers_gauge_counts_the_confirmed_others_and_is_absent_unwatched() -> None:
+    from dynamo_thunderagent.dynamo.peers import CONFIRM_SECONDS, PeerWatch
+
+    h, metrics = one_worker(100)
+    name = f"{PREFIX}_other_routers"
+    assert not any(key == name for key, _ in samples(metrics))  # no watch (serve adds it)
+    watch = PeerWatch("ta.router.generate", 1)
+    h.router.state_extensions["routers"] = watch.state
+    watch.observe([1, 2], 0.0)
+    assert value(samples(metrics), "other_routers") == 0  # listed, not yet confirmed
+    watch.observe([1, 2], CONFIRM_SECONDS)
+    assert value(samples(metrics), "other_routers") == 1
+    assert h.router.state()["routers"]["confirmed_instances"] == [2]
+
+
 async def test_a_turn_carried_on_on_another_worker_counts_one_failover() -> None:
     h = Harness()
     metrics = RouterMetrics(h.router, namespace=NS, model=MODEL)
