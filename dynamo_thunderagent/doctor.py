@@ -15,14 +15,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from dynamo_thunderagent.dynamo.peers import CONFIRM_SECONDS
 from dynamo_thunderagent.dynamo.stats import MISSING_SESSIONS_MIN_REQUESTS
 
 Status = Literal["ok", "warn", "fail"]
 SESSION_HEADER_FIX = ("send X-Dynamo-Session-ID: <stable id> on every turn of an agent "
                       "(examples/agent_loop.py shows the loop)")
-ONE_ROUTER_FIX = ("run exactly one `dynamo-thunderagent serve` per model and set of workers "
-                  "(a Kubernetes Deployment of replicas: 1) and stop the others; a router "
-                  "stopped in the last 10 s (file discovery) or 30 s (etcd) may still be listed")
+ONE_ROUTER_FIX = ("run exactly one `dynamo-thunderagent serve` per set of workers (in "
+                  "Kubernetes: replicas: 1 and strategy Recreate) and stop the others; give "
+                  "the router of another model an endpoint of its own (--router-endpoint)")
 # The namespace a frontend cannot be scoped to: it discovers every namespace with it.
 UNSCOPED_NAMESPACE = "dynamo"
 
@@ -102,6 +103,10 @@ class RouterView:
     programs: int = 0
     block_size_mismatch: str | None = None
     other_routers: str | None = None  # /state routers.problem: others serve its endpoint
+    # /state routers: whether the router watches its endpoint (False: an older router, or
+    # one whose watch could not start, then ``routers_unwatched`` says why)
+    routers_watched: bool = False
+    routers_unwatched: str | None = None
     error: str | None = None
 
 
@@ -119,6 +124,7 @@ def router_view(url: str, state: Mapping[str, Any]) -> RouterView:
         raise ValueError(f"{url}: the router's counters lack {', '.join(missing)}; it predates "
                          "doctor (upgrade dynamo-thunderagent on the router)")
     window = router["recent_window"]
+    routers = state.get("routers")
     return RouterView(
         url=url,
         recent_with_session=int(router["recent_with_session"]),
@@ -129,7 +135,10 @@ def router_view(url: str, state: Mapping[str, Any]) -> RouterView:
         live_workers=tuple(int(w) for w in state.get("live_workers") or ()),
         programs=len(scheduler.get("programs") or {}),
         block_size_mismatch=_block_size_mismatch(state.get("kv_router")),
-        other_routers=_problem(state.get("routers")),
+        other_routers=_problem(routers),
+        routers_watched=isinstance(routers, Mapping) and "other_instances" in routers,
+        routers_unwatched=(str(routers["unwatched"]) if isinstance(routers, Mapping)
+                           and routers.get("unwatched") else None),
     )
 
 
@@ -156,6 +165,12 @@ def diagnose(settings: Settings, discovery: Discovery, frontend: FrontendView | 
     """Every finding, in the order a reader fixes them: discovery, then the path a request
     takes (frontend, router, workers), then what clients send."""
     findings = check_discovery(settings, discovery)
+    if router is not None and router.error is None and router.routers_watched \
+            and router.other_routers is None:
+        # The router watches its endpoint and has not seen the others last 45 s: a router
+        # killed moments ago is still listed (10 s under file discovery, 30 s under etcd).
+        findings = [_not_yet_confirmed(f) if f.check == "router" and f.status == "fail"
+                    and "routers serve" in f.found else f for f in findings]
     if frontend is None:
         findings.append(Finding("warn", "frontend", "not checked (no --frontend URL given)",
                                 "pass --frontend http://HOST:PORT of the Dynamo frontend"))
@@ -170,6 +185,14 @@ def diagnose(settings: Settings, discovery: Discovery, frontend: FrontendView | 
     else:
         findings += check_router(router)
     return findings
+
+
+def _not_yet_confirmed(finding: Finding) -> Finding:
+    return Finding("warn", finding.check,
+                   f"{finding.found} (the router itself has not seen them there for "
+                   f"{CONFIRM_SECONDS:g} s: a router killed moments ago stays listed for up to "
+                   "10 s under file discovery and 30 s under etcd; run doctor again)",
+                   finding.fix)
 
 
 def _count(n: int, noun: str) -> str:
@@ -204,13 +227,17 @@ def check_discovery(settings: Settings, discovery: Discovery) -> list[Finding]:
                         f"model {model!r}")]
     routers = [c for c in cards if c.path == settings.router_endpoint]
     workers = [c for c in discovery.cards if c.path == settings.worker_endpoint]
-    if len(routers) > 1:
+    # Every instance at the router's endpoint, whatever model it registered: the frontend
+    # sends the endpoint's requests to any of them.
+    at_endpoint = [c for c in discovery.cards if c.path == settings.router_endpoint]
+    if len({c.instance_id for c in at_endpoint}) > 1:
+        models = sorted({str(c.model) for c in at_endpoint})
         findings.append(Finding("fail", "router",
-                                f"{len(routers)} routers serve {model!r} at "
-                                f"{_listing(routers)}: the frontend spreads requests over them, "
-                                "and each keeps a program table of its own and admits programs "
-                                "up to the workers' whole KV cache",
-                                ONE_ROUTER_FIX))
+                                f"{len({c.instance_id for c in at_endpoint})} routers serve "
+                                f"{_listing(at_endpoint)} (models {', '.join(models)}): the "
+                                "frontend spreads requests over them, and each keeps a program "
+                                "table of its own and admits programs up to the workers' whole "
+                                "KV cache", ONE_ROUTER_FIX))
     elif routers:
         findings.append(Finding("ok", "router", f"the router serves {model!r} at "
                                 f"{_listing(routers)}"))
@@ -354,6 +381,10 @@ def check_router(router: RouterView) -> list[Finding]:
                                 f"{_count(router.programs, 'program')}"))
     if router.other_routers is not None:
         findings.append(Finding("fail", "routers", router.other_routers, ONE_ROUTER_FIX))
+    elif router.routers_unwatched is not None:
+        findings.append(Finding("warn", "routers", "the router does not watch its endpoint "
+                                f"for other routers: {router.routers_unwatched}",
+                                "see the router's log (router.peer_check_failed)"))
     if router.block_size_mismatch is not None:
         findings.append(Finding("fail", "block-size", router.block_size_mismatch,
                                 "restart serve once the workers are up: it reads the size "

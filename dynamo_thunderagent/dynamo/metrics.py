@@ -128,8 +128,9 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
      "Registration files of the router that file discovery had expired (the router frozen "
      "past its lease) and the router wrote back, so the frontend routes to it again."),
     ("other_routers", "gauge", (),
-     "Other routers serving this router's endpoint for longer than 45 s (0 in "
-     "a sound deployment: one router per model and set of workers)."),
+     "Other routers serving this router's endpoint for 45 s or more (0 in "
+     "a sound deployment: one router per set of workers, another model's at an endpoint of "
+     "its own)."),
     ("policy_reloads_total", "counter", ("result",),
      "Policy reloads (SIGHUP or --watch-policy), by result: ok, invalid, needs_restart."),
     ("lifecycle_events_total", "counter", ("event",),
@@ -228,10 +229,10 @@ class StateCollector(Collector):
             family.add_metric(base, registration()["restored"])
             yield family
         routers = router.state_extensions.get("routers")
-        confirmed = routers().get("confirmed_instances") if routers is not None else None
-        if isinstance(confirmed, list):  # absent while the watch is off
+        others = routers().get("other_routers") if routers is not None else None
+        if isinstance(others, int):  # absent while the watch is off
             family = self._family(GaugeMetricFamily, "other_routers")
-            family.add_metric(base, len(confirmed))
+            family.add_metric(base, others)
             yield family
         classifier = router.classifier
         if isinstance(classifier, ThunderAgentClassifier):

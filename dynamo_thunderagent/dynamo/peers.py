@@ -37,7 +37,8 @@ def problem(endpoint: str, others: Iterable[int]) -> str:
     return (f"other routers serve {endpoint} too (instances {ids}): the frontend spreads "
             "requests over them, a session's turns land in either program table, and each "
             "router admits programs up to the workers' whole KV cache as if it were alone; "
-            "run exactly one `dynamo-thunderagent serve` per model and set of workers")
+            "run exactly one `dynamo-thunderagent serve` per set of workers, and give the "
+            "router of another model an endpoint of its own (--router-endpoint)")
 
 
 @dataclass
@@ -65,12 +66,22 @@ class PeerWatch:
         self.listed, self.confirmed = others, confirmed
         return changed
 
+    @property
+    def other_routers(self) -> int:
+        """How many other routers are confirmed (without its own id, this router is among
+        the confirmed instances: one fewer)."""
+        if self.own is None and self.confirmed:
+            return len(self.confirmed) - 1
+        return len(self.confirmed)
+
     def state(self) -> dict[str, object]:
         """/state ``routers``: this router's instance, the others listed now, those listed
-        for CONFIRM_SECONDS, and the problem while there are any (null otherwise)."""
+        for CONFIRM_SECONDS or more, how many other routers that makes, and the problem
+        while there are any (null otherwise)."""
         return {"endpoint": self.endpoint, "instance_id": self.own,
                 "other_instances": sorted(self.listed),
                 "confirmed_instances": sorted(self.confirmed),
+                "other_routers": self.other_routers,
                 "problem": problem(self.endpoint, self.confirmed) if self.confirmed else None}
 
 

@@ -186,7 +186,9 @@ class LocalStack:
 
     @property
     def router(self) -> StackProcess | None:
-        return next((p for p in self.processes if p.role == "router"), None)
+        """The stack's router (a second one, :meth:`start_router_again`, is not it)."""
+        return next((p for p in self.processes if p.role == "router" and p.name == "router"),
+                    None)
 
     @property
     def metrics_urls(self) -> dict[str, str]:
@@ -368,8 +370,8 @@ class LocalStack:
         its own; return it and its state URL once it lists every worker.
 
         This builds the misconfiguration ``doctor`` and the routers themselves report: two
-        program tables for one set of workers. The process is listed in ``processes`` after
-        the first router (``router`` stays the first) and is stopped with the stack.
+        program tables for one set of workers. The process is listed in ``processes`` (not
+        as ``router``) and is stopped with the stack, or earlier with :meth:`end_process`.
         """
         self._check_running()
         launch = self.arm.router(self.launch)
@@ -387,6 +389,12 @@ class LocalStack:
                                  f"the second router: {want} live workers in its state"),
                        deadline)
         return proc, state_url
+
+    def end_process(self, proc: StackProcess, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Stop one process of the stack with ``sig`` (SIGKILL after the stop grace) and
+        forget it, so that readiness and liveness checks no longer count it."""
+        end(proc, sig, self.config.stop_grace_s)
+        self.processes.remove(proc)
 
     def start_worker_in(self, namespace: str, timeout: float | None = None) -> StackProcess:
         """Start one more mocker worker, like the others but serving in ``namespace``.

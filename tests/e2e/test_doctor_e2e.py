@@ -190,7 +190,7 @@ def test_a_second_router_at_the_same_endpoint_is_reported_by_both_routers_and_do
     # admits programs up to the whole KV cache with a program table of its own.
     import urllib.request
 
-    from dynamo_thunderagent.stack.process import end
+    from dynamo_thunderagent.dynamo.peers import CONFIRM_SECONDS
 
     def routers_part(url: str) -> dict[str, Any]:
         with urllib.request.urlopen(url, timeout=10) as answer:
@@ -204,7 +204,8 @@ def test_a_second_router_at_the_same_endpoint_is_reported_by_both_routers_and_do
         second, second_url = stack.start_router_again()
         findings = doctor_until(
             stack, lambda fs: {"router", "routers"} <= {f["check"] for f in failing(fs)},
-            "the second router, in discovery and in the router's state")
+            "the second router, in discovery and in the router's state",
+            timeout=CONFIRM_SECONDS + 60)
         [listed] = [f for f in failing(findings) if f["check"] == "router"]
         assert "2 routers serve" in listed["found"] and "exactly one" in listed["fix"]
         # Each router names the other, and said so in its log at WARN.
@@ -215,7 +216,7 @@ def test_a_second_router_at_the_same_endpoint_is_reported_by_both_routers_and_do
         log = wait_for_log(stack, "router.other_instances")
         assert "warning" in log.split("router.other_instances")[0].splitlines()[-1]
         # Once the second one has stopped, the finding clears.
-        end(second, signal.SIGTERM, 10.0)
+        stack.end_process(second, signal.SIGTERM)
         wait_for_state(stack, lambda s: s["routers"]["problem"] is None,
                        "the router to see the second one gone")
         wait_for_log(stack, "router.other_instances_gone")

@@ -151,3 +151,15 @@ def test_a_new_arm_is_one_subclass_in_the_registry(
     assert stack.arm.readiness(stack.launch) == [] and stack.arm.figures(_Seen({})) == {}
     with pytest.raises(ValueError, match="only applies to arms 'builtin' and 'ours'"):
         StackConfig(arm="round-robin", policy=tmp_path / "p.yaml").validate()
+
+
+@pytest.mark.parametrize("arm, router_cmd", [("stock", None), ("ours", ["my-router"])])
+def test_a_second_router_needs_an_arm_whose_router_serves_state(
+        tmp_path: Path, arm: str, router_cmd: list[str] | None) -> None:
+    from dynamo_thunderagent.stack.process import StackError
+
+    stack = _stack(tmp_path, arm, router_cmd=router_cmd)
+    stack._env = {"DYN_DISCOVERY_BACKEND": "file"}  # as if started: nothing is spawned
+    with pytest.raises(StackError, match=f"arm {arm!r} has no router with a state port"):
+        stack.start_router_again()
+    assert stack.processes == []

@@ -212,7 +212,7 @@ def test_two_routers_at_the_routers_endpoint_fail_in_discovery_and_in_its_state(
     second = Registration("ta", "router", "generate", 2, "tiny", None)
     findings = check_discovery(SETTINGS, Discovery("file", "/kv", (ROUTER, second, WORKER_A)))
     [router] = by_check(findings, "router")
-    assert router.status == "fail" and "2 routers serve 'tiny'" in router.found
+    assert router.status == "fail" and "2 routers serve ta.router.generate" in router.found
     assert router.fix is not None and "exactly one" in router.fix
     state = _state()
     state["routers"] = {"endpoint": "ta.router.generate", "instance_id": 1,
@@ -222,3 +222,40 @@ def test_two_routers_at_the_routers_endpoint_fail_in_discovery_and_in_its_state(
     state["routers"]["problem"] = None  # listed, not yet confirmed: nothing to say
     assert by_check(check_router(router_view("u", state)), "routers") == []
     assert by_check(check_router(router_view("u", _state())), "routers") == []
+
+
+def test_another_models_router_at_the_same_endpoint_fails_too() -> None:
+    # The frontend sends the endpoint's requests to every instance there, whatever model.
+    other_model = Registration("ta", "router", "generate", 2, "other", None)
+    findings = check_discovery(SETTINGS, Discovery("file", "/kv",
+                                                   (ROUTER, other_model, WORKER_A)))
+    [router] = by_check(findings, "router")
+    assert router.status == "fail" and "models other, tiny" in router.found
+    assert router.fix is not None and "--router-endpoint" in router.fix
+
+
+def test_a_second_listing_the_router_has_not_seen_last_is_a_warning() -> None:
+    # A router killed moments ago stays listed; the router, which watches, has not
+    # confirmed it: doctor warns instead of failing.
+    second = Registration("ta", "router", "generate", 2, "tiny", None)
+    discovery = Discovery("file", "/kv", (ROUTER, second, WORKER_A, WORKER_B))
+    state = _state()
+    state["routers"] = {"endpoint": "ta.router.generate", "instance_id": 1,
+                        "other_instances": [2], "confirmed_instances": [],
+                        "other_routers": 0, "problem": None}
+    view = router_view("u", state)
+    [router] = by_check(diagnose(SETTINGS, discovery, FRONTEND, view), "router")[:1]
+    assert router.status == "warn" and "run doctor again" in router.found
+    # Without the router's view (or from a router that does not watch) it fails.
+    [router] = by_check(diagnose(SETTINGS, discovery, FRONTEND, None), "router")
+    assert router.status == "fail"
+    [router] = by_check(diagnose(SETTINGS, discovery, FRONTEND, router_view("u", _state())),
+                        "router")[:1]
+    assert router.status == "fail"
+
+
+def test_a_router_that_could_not_watch_its_endpoint_is_a_warning() -> None:
+    state = _state()
+    state["routers"] = {"endpoint": "ta.router.generate", "unwatched": "RuntimeError('x')"}
+    [finding] = by_check(check_router(router_view("u", state)), "routers")
+    assert finding.status == "warn" and "RuntimeError('x')" in finding.found

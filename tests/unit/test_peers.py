@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from structlog.testing import capture_logs
 
@@ -17,7 +18,7 @@ def test_its_own_instance_is_not_another_router() -> None:
     assert not watch.observe([OWN], 100.0)
     assert watch.state() == {"endpoint": "ta.router.generate", "instance_id": OWN,
                              "other_instances": [], "confirmed_instances": [],
-                             "problem": None}
+                             "other_routers": 0, "problem": None}
 
 
 def test_another_router_counts_once_it_has_been_listed_longer_than_a_lease() -> None:
@@ -30,7 +31,7 @@ def test_another_router_counts_once_it_has_been_listed_longer_than_a_lease() -> 
     assert not watch.observe([OWN, OTHER], CONFIRM_SECONDS - 1)
     assert watch.observe([OWN, OTHER], CONFIRM_SECONDS)
     state = watch.state()
-    assert state["confirmed_instances"] == [OTHER]
+    assert state["confirmed_instances"] == [OTHER] and state["other_routers"] == 1
     problem = state["problem"]
     assert isinstance(problem, str)
     assert f"instances {OTHER}" in problem and "run exactly one" in problem
@@ -63,6 +64,7 @@ def test_without_its_own_id_more_than_one_instance_is_the_finding() -> None:
     watch.observe([OWN, OTHER], CONFIRM_SECONDS)
     assert watch.observe([OWN, OTHER], 2 * CONFIRM_SECONDS)
     assert watch.confirmed == {OWN, OTHER}
+    assert watch.other_routers == 1  # one of the two is this router
 
 
 async def test_the_watch_logs_a_second_router_and_its_going_and_survives_bad_reads() -> None:
@@ -80,14 +82,19 @@ async def test_the_watch_logs_a_second_router_and_its_going_and_survives_bad_rea
 
     ticks = iter(range(0, 10_000, int(CONFIRM_SECONDS)))
     watch = PeerWatch("ta.router.generate", OWN)
+    async def all_read() -> None:
+        while len(seen) < len(listings) + 1:
+            await asyncio.sleep(0.001)
+
     with capture_logs() as logs:
         task = asyncio.create_task(
             watch_peers(Client(), watch, every=0.001, clock=lambda: float(next(ticks))))
         try:
-            while len(seen) < len(listings) + 1:
-                await asyncio.sleep(0.001)
+            await asyncio.wait_for(all_read(), 5.0)
         finally:
             task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     events = [entry["event"] for entry in logs]
     assert events == ["router.other_instances", "router.peer_check_failed",
                       "router.other_instances_gone"], logs
@@ -120,3 +127,40 @@ async def test_serve_serves_on_without_the_watch_when_its_endpoint_has_no_client
     assert state() == {"endpoint": "ta.router.generate",
                        "unwatched": "RuntimeError('no discovery')"}
     assert [entry["event"] for entry in logs] == ["router.peer_check_failed"]
+
+
+async def test_without_its_own_instance_id_serve_still_watches_by_counting() -> None:
+    from dynamo_thunderagent.dynamo.serve import _watch_peers
+
+    class Client:
+        def instance_ids(self) -> list[int]:
+            return [OWN]
+
+    class Endpoint:
+        def connection_id(self) -> int:
+            raise AttributeError("no connection_id in this binding")
+
+        async def client(self) -> Client:
+            return Client()
+
+    class Runtime:
+        def endpoint(self, path: str) -> Endpoint:
+            return Endpoint()
+
+    class Router:
+        state_extensions: dict[str, object] = {}
+
+    router = Router()
+    with capture_logs() as logs:
+        task = asyncio.create_task(_watch_peers(Runtime(), Endpoint(), "ta.router.generate",
+                                                router))
+        try:
+            await asyncio.sleep(0.05)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    state = router.state_extensions["routers"]
+    assert callable(state)
+    assert state()["instance_id"] is None and state()["other_instances"] == []
+    assert [entry["event"] for entry in logs] == ["router.instance_id_unreadable"]

@@ -141,6 +141,10 @@ def test_the_other_routers_gauge_counts_the_confirmed_others_and_is_absent_unwat
     watch.observe([1, 2], CONFIRM_SECONDS)
     assert value(samples(metrics), "other_routers") == 1
     assert h.router.state()["routers"]["confirmed_instances"] == [2]
+    # The watch could not start (serve's /state says why): no gauge, rather than a 0.
+    h.router.state_extensions["routers"] = lambda: {"endpoint": "ta.router.generate",
+                                                    "unwatched": "RuntimeError('x')"}
+    assert not any(key == name for key, _ in samples(metrics))
 
 
 async def test_a_turn_carried_on_on_another_worker_counts_one_failover() -> None:
