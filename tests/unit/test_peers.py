@@ -101,6 +101,23 @@ async def test_the_watch_logs_a_second_router_and_its_going_and_survives_bad_rea
     assert logs[0]["others"] == [OTHER]
 
 
+class _Router:
+    """What serve's watch touches of the router: its /state parts."""
+
+    def __init__(self) -> None:
+        self.state_extensions: dict[str, object] = {}
+
+
+class _Runtime:
+    """A Dynamo runtime whose every endpoint is ``endpoint``."""
+
+    def __init__(self, endpoint: object) -> None:
+        self._endpoint = endpoint
+
+    def endpoint(self, path: str) -> object:
+        return self._endpoint
+
+
 async def test_serve_serves_on_without_the_watch_when_its_endpoint_has_no_client() -> None:
     from dynamo_thunderagent.dynamo.serve import _watch_peers
 
@@ -111,17 +128,10 @@ async def test_serve_serves_on_without_the_watch_when_its_endpoint_has_no_client
         async def client(self) -> object:
             raise RuntimeError("no discovery")
 
-    class Runtime:
-        def endpoint(self, path: str) -> Endpoint:
-            return Endpoint()
-
-    class Router:
-        state_extensions: dict[str, object] = {}
-
-    router = Router()
+    router = _Router()
     with capture_logs() as logs:
-        await asyncio.wait_for(_watch_peers(Runtime(), Endpoint(), "ta.router.generate",
-                                            router), 1.0)
+        await asyncio.wait_for(_watch_peers(_Runtime(Endpoint()), Endpoint(),
+                                            "ta.router.generate", router), 1.0)
     state = router.state_extensions["routers"]
     assert callable(state)
     assert state() == {"endpoint": "ta.router.generate",
@@ -143,17 +153,10 @@ async def test_without_its_own_instance_id_serve_still_watches_by_counting() -> 
         async def client(self) -> Client:
             return Client()
 
-    class Runtime:
-        def endpoint(self, path: str) -> Endpoint:
-            return Endpoint()
-
-    class Router:
-        state_extensions: dict[str, object] = {}
-
-    router = Router()
+    router = _Router()
     with capture_logs() as logs:
-        task = asyncio.create_task(_watch_peers(Runtime(), Endpoint(), "ta.router.generate",
-                                                router))
+        task = asyncio.create_task(_watch_peers(_Runtime(Endpoint()), Endpoint(),
+                                                "ta.router.generate", router))
         try:
             await asyncio.sleep(0.05)
         finally:
