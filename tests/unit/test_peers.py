@@ -68,8 +68,9 @@ def test_without_its_own_id_more_than_one_instance_is_the_finding() -> None:
 
 
 async def test_the_watch_logs_a_second_router_and_its_going_and_survives_bad_reads() -> None:
-    listings = [[OWN, OTHER], [OWN, OTHER], RuntimeError("store gone"),
-                RuntimeError("store gone"), [OWN]]
+    listings: list[list[int] | Exception] = [
+        [OWN, OTHER], [OWN, OTHER], RuntimeError("store gone"), RuntimeError("store gone"),
+        [OWN]]
     seen: list[object] = []
 
     class Client:
