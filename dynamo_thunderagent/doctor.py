@@ -167,8 +167,8 @@ def diagnose(settings: Settings, discovery: Discovery, frontend: FrontendView | 
     findings = check_discovery(settings, discovery)
     if router is not None and router.error is None and router.routers_watched \
             and router.other_routers is None:
-        # The router watches its endpoint and has not seen the others last 45 s: a router
-        # killed moments ago is still listed (10 s under file discovery, 30 s under etcd).
+        # The router watches its endpoint and has not seen the others there for 45 s: a
+        # router killed moments ago is still listed (10 s under file discovery, 30 s etcd).
         findings = [_not_yet_confirmed(f) if f.check == "router" and f.status == "fail"
                     and "routers serve" in f.found else f for f in findings]
     if frontend is None:
