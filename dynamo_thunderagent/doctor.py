@@ -134,29 +134,21 @@ def router_view(url: str, state: Mapping[str, Any]) -> RouterView:
         session_finals=int(router["session_final"]) - int(router["doctor_probes"]),
         live_workers=tuple(int(w) for w in state.get("live_workers") or ()),
         programs=len(scheduler.get("programs") or {}),
-        block_size_mismatch=_block_size_mismatch(state.get("kv_router")),
-        other_routers=_problem(routers),
+        block_size_mismatch=_part_text(state.get("kv_router"), "mismatch"),
+        other_routers=_part_text(routers, "problem"),
         routers_watched=isinstance(routers, Mapping) and "other_instances" in routers,
         routers_unwatched=(str(routers["unwatched"]) if isinstance(routers, Mapping)
                            and routers.get("unwatched") else None),
     )
 
 
-def _block_size_mismatch(kv_router: object) -> str | None:
-    """What /state ``kv_router`` says is wrong with the KV router's block size (None: fine,
-    or a router that predates the key)."""
-    if not isinstance(kv_router, Mapping):
-        return None
-    problem = kv_router.get("mismatch")
-    return str(problem) if problem else None
-
-
-def _problem(part: object) -> str | None:
-    """A /state part's ``problem`` (None: none, or a router that predates the part)."""
+def _part_text(part: object, key: str) -> str | None:
+    """What a /state part says is wrong under ``key`` (``kv_router.mismatch``,
+    ``routers.problem``); None: nothing, or a router that predates the part."""
     if not isinstance(part, Mapping):
         return None
-    problem = part.get("problem")
-    return str(problem) if problem else None
+    text = part.get(key)
+    return str(text) if text else None
 
 
 # ---- the checks ------------------------------------------------------------------------------
@@ -164,13 +156,11 @@ def diagnose(settings: Settings, discovery: Discovery, frontend: FrontendView | 
              router: RouterView | None) -> list[Finding]:
     """Every finding, in the order a reader fixes them: discovery, then the path a request
     takes (frontend, router, workers), then what clients send."""
-    findings = check_discovery(settings, discovery)
-    if router is not None and router.error is None and router.routers_watched \
-            and router.other_routers is None:
-        # The router watches its endpoint and has not seen the others there for 45 s: a
-        # router killed moments ago is still listed (10 s under file discovery, 30 s etcd).
-        findings = [_not_yet_confirmed(f) if f.check == "router" and f.status == "fail"
-                    and "routers serve" in f.found else f for f in findings]
+    # A router that watches its endpoint and has not seen others there for 45 s says that
+    # any extra listing may be a router killed moments ago (10 s file discovery, 30 s etcd).
+    unconfirmed = (router is not None and router.error is None and router.routers_watched
+                   and router.other_routers is None)
+    findings = check_discovery(settings, discovery, unconfirmed_routers=unconfirmed)
     if frontend is None:
         findings.append(Finding("warn", "frontend", "not checked (no --frontend URL given)",
                                 "pass --frontend http://HOST:PORT of the Dynamo frontend"))
@@ -187,14 +177,6 @@ def diagnose(settings: Settings, discovery: Discovery, frontend: FrontendView | 
     return findings
 
 
-def _not_yet_confirmed(finding: Finding) -> Finding:
-    return Finding("warn", finding.check,
-                   f"{finding.found} (the router itself has not seen them there for "
-                   f"{CONFIRM_SECONDS:g} s: a router killed moments ago stays listed for up to "
-                   "10 s under file discovery and 30 s under etcd; run doctor again)",
-                   finding.fix)
-
-
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
@@ -207,8 +189,11 @@ def _listing(cards: Sequence[Registration]) -> str:
                      for path, ids in sorted(by_path.items()))
 
 
-def check_discovery(settings: Settings, discovery: Discovery) -> list[Finding]:
-    """Routers, workers, capacity cards, and workers registered where the frontend sees them."""
+def check_discovery(settings: Settings, discovery: Discovery, *,
+                    unconfirmed_routers: bool = False) -> list[Finding]:
+    """Routers, workers, capacity cards, and workers registered where the frontend sees them.
+    ``unconfirmed_routers``: the router's own watch has not confirmed any other router at
+    its endpoint, so more than one listed there is a warning, not a failure."""
     if not discovery.listable:
         return [Finding("warn", "discovery",
                         f"backend {discovery.backend!r}: {discovery.error}",
@@ -230,14 +215,21 @@ def check_discovery(settings: Settings, discovery: Discovery) -> list[Finding]:
     # Every instance at the router's endpoint, whatever model it registered: the frontend
     # sends the endpoint's requests to any of them.
     at_endpoint = [c for c in discovery.cards if c.path == settings.router_endpoint]
-    if len({c.instance_id for c in at_endpoint}) > 1:
+    instances = len({c.instance_id for c in at_endpoint})
+    if instances > 1:
         models = sorted({str(c.model) for c in at_endpoint})
-        findings.append(Finding("fail", "router",
-                                f"{len({c.instance_id for c in at_endpoint})} routers serve "
-                                f"{_listing(at_endpoint)} (models {', '.join(models)}): the "
-                                "frontend spreads requests over them, and each keeps a program "
-                                "table of its own and admits programs up to the workers' whole "
-                                "KV cache", ONE_ROUTER_FIX))
+        found = (f"{instances} routers serve {_listing(at_endpoint)} (models "
+                 f"{', '.join(models)}): the frontend spreads requests over them, and each "
+                 "keeps a program table of its own and admits programs up to the workers' "
+                 "whole KV cache")
+        if unconfirmed_routers:
+            findings.append(Finding(
+                "warn", "router", f"{found} (the router itself has not seen them there for "
+                f"{CONFIRM_SECONDS:g} s: a router killed moments ago stays listed for up to "
+                "10 s under file discovery and 30 s under etcd; run doctor again)",
+                ONE_ROUTER_FIX))
+        else:
+            findings.append(Finding("fail", "router", found, ONE_ROUTER_FIX))
     elif routers:
         findings.append(Finding("ok", "router", f"the router serves {model!r} at "
                                 f"{_listing(routers)}"))
