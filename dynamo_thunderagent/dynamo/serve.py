@@ -201,11 +201,12 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
         kv_cache_block_size=block_size,
     )
     serving = asyncio.ensure_future(endpoint.serve_endpoint(router.generate))
-    keeping = _keep_registration(endpoint, router)
+    instance_id = _instance_id(endpoint)
+    keeping = _keep_registration(instance_id, router)
     serving.add_done_callback(lambda _: keeping())  # the endpoint ended: it deregistered
     router.state_extensions["kv_router"] = lambda: report(block_size, router.stated_block_sizes)
     watching = [loop.create_task(_watch_block_size(router, block_size)),
-                loop.create_task(_watch_peers(runtime, endpoint, router_path, router))]
+                loop.create_task(_watch_peers(runtime, instance_id, router_path, router))]
     log.info("router.serving", endpoint=router_path, workers=worker_path,
              model=args.model_name, policy=policy.source,
              classifier=policy.classifier.type, state_port=args.state_port or None)
@@ -243,16 +244,22 @@ async def _watch_block_size(router: Any, kv_router_block_size: int,
         await asyncio.sleep(every)
 
 
-async def _watch_peers(runtime: Any, endpoint: Any, router_path: str, router: Any) -> None:
+def _instance_id(endpoint: Any) -> int | None:
+    """This router's instance id, as discovery lists it (the endpoint's connection id);
+    None, said once, where the binding does not tell it."""
+    try:
+        return int(endpoint.connection_id())
+    except Exception as error:  # a binding without it
+        log.warning("router.instance_id_unreadable", error=f"{type(error).__name__}: {error}")
+        return None
+
+
+async def _watch_peers(runtime: Any, own: int | None, router_path: str, router: Any) -> None:
     """Watch for other routers serving this router's endpoint
-    (:mod:`dynamo_thunderagent.dynamo.peers`; /state ``routers``)."""
+    (:mod:`dynamo_thunderagent.dynamo.peers`; /state ``routers``); without its own
+    instance id (``own``) it counts instances instead."""
     from dynamo_thunderagent.dynamo.peers import PeerWatch, watch_peers
 
-    try:
-        own: int | None = int(endpoint.connection_id())
-    except Exception as error:  # a binding without it: count instances instead
-        log.warning("router.instance_id_unreadable", error=f"{type(error).__name__}: {error}")
-        own = None
     watch = PeerWatch(router_path, own)
     router.state_extensions["routers"] = watch.state
     try:
@@ -265,11 +272,11 @@ async def _watch_peers(runtime: Any, endpoint: Any, router_path: str, router: An
     await watch_peers(client, watch)
 
 
-def _keep_registration(endpoint: Any, router: Any,
+def _keep_registration(instance_id: int | None, router: Any,
                        interval: float = 1.0) -> Callable[[], None]:
     """With file discovery, write the router's registration back if the store expires it
     (:mod:`dynamo_thunderagent.dynamo.registration`; /state ``registration``). Returns
-    what stops that. The router serves without it where its instance id cannot be read."""
+    what stops that. The router serves without it where its instance id is unknown."""
     from dynamo_thunderagent.dynamo.registration import RegistrationKeeper, file_store, keep
 
     store = file_store(os.environ)
@@ -280,12 +287,10 @@ def _keep_registration(endpoint: Any, router: Any,
                     reason="the file store is not there; an expired registration will not "
                            "be written back")
         return lambda: None
-    try:
-        instance_id = int(endpoint.connection_id())
-    except Exception as error:  # a binding without it: serve on, unkept
+    if instance_id is None:  # the binding did not tell it: serve on, unkept
         log.warning("registration.unwatched", store=str(store),
-                    reason=f"the endpoint's instance id is unreadable: "
-                           f"{type(error).__name__}: {error}")
+                    reason="the endpoint's instance id is unreadable "
+                           "(router.instance_id_unreadable says why)")
         return lambda: None
     keeper = RegistrationKeeper(store, instance_id)
     router.state_extensions["registration"] = keeper.state

@@ -123,15 +123,12 @@ async def test_serve_serves_on_without_the_watch_when_its_endpoint_has_no_client
     from dynamo_thunderagent.dynamo.serve import _watch_peers
 
     class Endpoint:
-        def connection_id(self) -> int:
-            return OWN
-
         async def client(self) -> object:
             raise RuntimeError("no discovery")
 
     router = _Router()
     with capture_logs() as logs:
-        await asyncio.wait_for(_watch_peers(_Runtime(Endpoint()), Endpoint(),
+        await asyncio.wait_for(_watch_peers(_Runtime(Endpoint()), OWN,
                                             "ta.router.generate", router), 1.0)
     state = router.state_extensions["routers"]
     assert callable(state)
@@ -141,7 +138,7 @@ async def test_serve_serves_on_without_the_watch_when_its_endpoint_has_no_client
 
 
 async def test_without_its_own_instance_id_serve_still_watches_by_counting() -> None:
-    from dynamo_thunderagent.dynamo.serve import _watch_peers
+    from dynamo_thunderagent.dynamo.serve import _instance_id, _watch_peers
 
     class Client:
         def instance_ids(self) -> list[int]:
@@ -156,7 +153,8 @@ async def test_without_its_own_instance_id_serve_still_watches_by_counting() -> 
 
     router = _Router()
     with capture_logs() as logs:
-        task = asyncio.create_task(_watch_peers(_Runtime(Endpoint()), Endpoint(),
+        own = _instance_id(Endpoint())
+        task = asyncio.create_task(_watch_peers(_Runtime(Endpoint()), own,
                                                 "ta.router.generate", router))
         try:
             await asyncio.sleep(0.05)

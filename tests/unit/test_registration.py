@@ -17,7 +17,7 @@ from dynamo_thunderagent.dynamo.registration import (
     keep,
     owned,
 )
-from dynamo_thunderagent.dynamo.serve import _keep_registration
+from dynamo_thunderagent.dynamo.serve import _instance_id, _keep_registration
 
 OURS = 0xAE3769C4F71EAE41
 OTHER = 0x25D03F6CD4F89D91
@@ -195,10 +195,11 @@ async def test_serve_goes_on_unkept_where_the_instance_id_is_unreadable(
         state_extensions: dict[str, object] = {}
 
     with capture_logs() as logs:
-        stop = _keep_registration(Endpoint(), Router())
+        stop = _keep_registration(_instance_id(Endpoint()), Router())
     stop()
     assert "registration" not in Router.state_extensions
-    assert [entry["event"] for entry in logs] == ["registration.unwatched"]
+    assert [entry["event"] for entry in logs] == ["router.instance_id_unreadable",
+                                                  "registration.unwatched"]
 
 
 async def test_serve_keeps_the_registration_and_stops_keeping_it(
@@ -214,7 +215,7 @@ async def test_serve_keeps_the_registration_and_stops_keeping_it(
     class Router:
         state_extensions: dict[str, object] = {}
 
-    stop = _keep_registration(Endpoint(), Router(), interval=0.01)
+    stop = _keep_registration(_instance_id(Endpoint()), Router(), interval=0.01)
     state = Router.state_extensions["registration"]
     assert callable(state)
     await _until(lambda: len(state()["keys"]) == 2)
@@ -235,7 +236,7 @@ async def test_serve_goes_on_unkept_where_the_file_store_is_not_there(
         state_extensions: dict[str, object] = {}
 
     with capture_logs() as logs:
-        _keep_registration(object(), Router())()
+        _keep_registration(OURS, Router())()
     assert "registration" not in Router.state_extensions
     [said] = logs
     assert said["event"] == "registration.unwatched" and "not there" in said["reason"]
