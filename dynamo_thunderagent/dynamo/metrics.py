@@ -223,24 +223,14 @@ class StateCollector(Collector):
             family.add_metric(base, value)
             yield family
         yield from self._operations(router.state_extensions)
-        registration = router.state_extensions.get("registration")
-        if registration is not None:
-            family = self._family(CounterMetricFamily, "registrations_restored_total")
-            family.add_metric(base, registration()["restored"])
-            yield family
-        routers = router.state_extensions.get("routers")
-        others = routers().get("other_routers") if routers is not None else None
-        if isinstance(others, int):  # absent while the watch is off
-            family = self._family(GaugeMetricFamily, "other_routers")
-            family.add_metric(base, others)
-            yield family
         classifier = router.classifier
         if isinstance(classifier, ThunderAgentClassifier):
             yield from self._scheduler(classifier)
 
     def _operations(self, parts: Mapping[str, Callable[[], Any]]) -> Iterator[Metric]:
-        """Reloads by result and lifecycle notifications by event, from the parts ``serve``
-        adds to /state (absent: not counted, e.g. a router built without ``serve``)."""
+        """Reloads by result, lifecycle notifications by event, registrations written back
+        and other routers at the endpoint, from the parts ``serve`` adds to /state (absent:
+        not counted, e.g. a router built without ``serve``)."""
         for key, name, label, field in (("policy", "policy_reloads_total", "result", "reloads"),
                                         ("lifecycle", "lifecycle_events_total", "event",
                                          "published")):
@@ -252,6 +242,19 @@ class StateCollector(Collector):
             for value_label, value in sorted(counts.items()):
                 family.add_metric([*self.base, str(value_label)], value)
             yield family
+        # One number each: the registration files written back (file discovery only), and
+        # the other routers at the endpoint (absent while that watch is off).
+        scalars: tuple[tuple[str, str, str, type[CounterMetricFamily | GaugeMetricFamily]],
+                       ...] = (
+            ("registration", "registrations_restored_total", "restored", CounterMetricFamily),
+            ("routers", "other_routers", "other_routers", GaugeMetricFamily))
+        for key, name, field, cls in scalars:
+            part = parts.get(key)
+            value = part().get(field) if part is not None else None
+            if isinstance(value, int):
+                scalar = self._family(cls, name)
+                scalar.add_metric(self.base, value)
+                yield scalar
 
     def _scheduler(self, classifier: ThunderAgentClassifier) -> Iterator[Metric]:
         base = self.base

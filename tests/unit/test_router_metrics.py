@@ -147,6 +147,15 @@ def test_the_other_routers_gauge_counts_the_confirmed_others_and_is_absent_unwat
     assert not any(key == name for key, _ in samples(metrics))
 
 
+def test_registrations_written_back_are_counted_where_the_keeper_runs() -> None:
+    h, metrics = one_worker(100)
+    assert value(samples(metrics), "registrations_restored_total") == 0  # absent: no keeper
+    assert not any(key == f"{PREFIX}_registrations_restored_total"
+                   for key, _ in samples(metrics))
+    h.router.state_extensions["registration"] = lambda: {"restored": 3}
+    assert value(samples(metrics), "registrations_restored_total") == 3
+
+
 async def test_a_turn_carried_on_on_another_worker_counts_one_failover() -> None:
     h = Harness()
     metrics = RouterMetrics(h.router, namespace=NS, model=MODEL)
