@@ -48,9 +48,8 @@ class PeerWatch:
 
     endpoint: str
     own: int | None
-    listed: frozenset[int] = frozenset()  # others listed at the last look
-    confirmed: frozenset[int] = frozenset()  # of those, listed for CONFIRM_SECONDS
-    _since: dict[int, float] = field(default_factory=dict)
+    confirmed: frozenset[int] = frozenset()  # others listed for CONFIRM_SECONDS or more
+    _since: dict[int, float] = field(default_factory=dict)  # others listed at the last look
 
     def observe(self, instance_ids: Iterable[int], now: float) -> bool:
         """One look at the instances discovery lists at the endpoint. True when the set of
@@ -63,7 +62,7 @@ class PeerWatch:
         confirmed = frozenset(i for i, since in self._since.items()
                               if now - since >= CONFIRM_SECONDS)
         changed = confirmed != self.confirmed
-        self.listed, self.confirmed = others, confirmed
+        self.confirmed = confirmed
         return changed
 
     @property
@@ -79,7 +78,7 @@ class PeerWatch:
         for CONFIRM_SECONDS or more, how many other routers that makes, and the problem
         while there are any (null otherwise)."""
         return {"endpoint": self.endpoint, "instance_id": self.own,
-                "other_instances": sorted(self.listed),
+                "other_instances": sorted(self._since),
                 "confirmed_instances": sorted(self.confirmed),
                 "other_routers": self.other_routers,
                 "problem": problem(self.endpoint, self.confirmed) if self.confirmed else None}

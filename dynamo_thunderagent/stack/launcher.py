@@ -15,10 +15,12 @@ everything. What it delegates:
 
 Each process runs in its own process group; ``stop()`` signals exactly those groups.
 
-(This module is about 470 lines because :class:`LocalStack` is the one object the demo, the
+(This module is about 530 lines because :class:`LocalStack` is the one object the demo, the
 benchmarks and the end-to-end tests drive: its public surface, the addresses, ``start``,
-``stop``, the restarts and the views of discovery, is the stack's API, and each of its
-methods is a few lines over the modules above. What could stand alone already does.)
+``stop``, the restarts, the extra processes that build misconfigurations (a worker in the
+router's namespace, a second router) and the views of discovery, is the stack's API, and
+each of its methods is a few lines over the modules above. What could stand alone already
+does.)
 """
 
 from __future__ import annotations
