@@ -58,6 +58,25 @@ def test_prefix_hit_is_the_shared_system_prompt_plus_the_programs_own_history() 
     kv.check()
 
 
+def test_system_prompts_of_different_lengths_share_one_prefix_and_lose_no_block() -> None:
+    # Sessions of an imported trace each bring their own system prompt length; the shorter
+    # is a prefix of the longer (as the live driver writes them). Taking a longer idle
+    # system chain for a shorter prompt lost the difference from the ledger.
+    kv = KvPool(100, 16)
+    kv.acquire(6, "long", 2)
+    kv.release(6, "long", 2)
+    plan = kv.acquire(4, "short", 2)  # the idle 6-block chain serves a 4-block prompt
+    assert (plan.system_hit, plan.new_blocks) == (4, 2)
+    kv.check()
+    grown = kv.acquire(8, "longer", 1)  # held by "short": grows to 8 blocks, 2 of them new
+    assert (grown.system_hit, grown.new_blocks) == (6, 3)
+    kv.release(4, "short", 2)
+    kv.release(8, "longer", 1)
+    assert kv.resident(SYSTEM_CHAIN) == 8
+    assert kv.hit(6, "long") == (6, 2)
+    kv.check()
+
+
 def test_lru_evicts_the_least_recently_released_chain_first_and_from_its_tail() -> None:
     kv = KvPool(10, 16)
     kv.acquire(0, "a", 4)

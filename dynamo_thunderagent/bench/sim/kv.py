@@ -187,8 +187,11 @@ class KvPool:
         """
         system_hit, resident = self.hit(system_blocks, chain)
         chain_hit = min(resident, chain_blocks)
-        # The shared system chain costs nothing more if a running request already holds it.
-        system_new = 0 if SYSTEM_CHAIN in self._active else system_blocks - system_hit
+        # The system chain is one prefix that every program shares as far as their system
+        # prompts agree (a shorter one is a prefix of a longer one, as the live driver writes
+        # them): a request adds the blocks of its own that are not resident, and the chain
+        # keeps the longest prompt's blocks that are.
+        system_new = system_blocks - system_hit
         # Blocks of the old chain that are resident but not reused go back to free memory
         # (unreachable after a system-prefix miss, or beyond what this request covers).
         returned = self.resident(chain) - chain_hit
@@ -219,9 +222,13 @@ class KvPool:
         old = self._take(chain)
         self.free_blocks += old - plan.chain_hit
         if system_blocks:
-            if SYSTEM_CHAIN not in self._active:
-                self._take(SYSTEM_CHAIN)  # its resident blocks are the hit, reused
-                self._hold(SYSTEM_CHAIN, system_blocks)
+            # Its resident blocks are the hit, reused; it grows to this request's prompt.
+            resident = self._active.pop(SYSTEM_CHAIN, None)
+            if resident is None:
+                resident = self._take(SYSTEM_CHAIN)
+            else:
+                self.active_blocks -= resident
+            self._hold(SYSTEM_CHAIN, max(resident, system_blocks))
             self._refs[SYSTEM_CHAIN] = self._refs.get(SYSTEM_CHAIN, 0) + 1
         self._hold(chain, chain_blocks)
         self._refs[chain] = self._refs.get(chain, 0) + 1
