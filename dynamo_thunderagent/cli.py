@@ -113,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "are timed (default: the shipped extended policy)")
     overhead.add_argument("--json", action="store_true", help="print one JSON object")
     overhead.set_defaults(func=_bench_overhead)
+    from dynamo_thunderagent.bench.trace_command import add_arguments as add_trace_arguments
+    from dynamo_thunderagent.bench.trace_command import run_trace_cli
+
+    trace = bench_sub.add_parser(
+        "trace", help="write a JSONL trace (the format --trace replays) from a generated "
+        "workload or from public agent traces")
+    add_trace_arguments(trace)
+    trace.set_defaults(func=run_trace_cli)
     from dynamo_thunderagent.bench.sim.command import add_arguments as add_sim_arguments
     from dynamo_thunderagent.bench.sim.command import run_sim_cli
 

@@ -10,12 +10,13 @@ fit a worker.
 
 Where the numbers come from
 ---------------------------
-No public trace with per-request token counts *and* timings was used. The closest public
-source is TraceLab (University of Washington, tracelab.cs.washington.edu: about 4,300 real
-Claude Code and Codex sessions with per-step cached-prefix / appended tokens, tool latencies,
-human waits and detected compactions); replaying it would be the next step. The parameters
-here are modelling choices, stated per field, that reproduce the shape the project measured
-from such sessions (issue 11: contexts up to 200k tokens, mean prompt about 80k, so about six
+These generators use no public trace. The closest public source for ``long`` is TraceLab
+(University of Washington, tracelab.cs.washington.edu: about 4,300 real Claude Code and
+Codex sessions with per-step cached-prefix / appended tokens, tool latencies, human waits
+and detected compactions). Real Claude Code conversations, subagents included, are replayed
+as a trace beside them (``bench trace --from-kv-cache-tester``). The parameters here are
+modelling choices, stated per field, that reproduce the shape the project measured from such
+sessions (issue 11: contexts up to 200k tokens, mean prompt about 80k, so about six
 programs fit a worker; compaction now and then; gaps of tool or human time capped at 60 s)
 at the scale of this benchmark, and the subagent pattern of coding agents (a parent spawns a
 few short-lived workers that each start from the same large system prompt and tool

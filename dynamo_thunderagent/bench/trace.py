@@ -2,17 +2,39 @@
 
 A traced session becomes an :class:`~dynamo_thunderagent.bench.workload.AgentPlan` like a
 synthetic one (:func:`plan_from_trace`), so every harness runs either; :func:`replay_stream`
-repeats a trace's sessions, seeded, for as many agents as a run starts. The only I/O in the
-benchmark's workload side is reading the trace file here.
+repeats a trace's sessions, seeded, for as many agents as a run starts. Reading and writing
+the trace file are the only I/O in the benchmark's workload side.
+
+The format (docs/benchmarks.md, "Your own agents as a trace"): every row has
+``session_id``, ``step``, ``input_tokens`` (the whole prompt of the call), ``output_tokens``
+and, optionally, ``llm_seconds`` and ``tool_seconds`` (the tool run that follows the call).
+Optional fields carry what agents do besides growing one history:
+
+* ``compaction`` (row): the call starts a new history (the shared system prompt and a
+  summary) instead of extending the previous prompt. Where a row does not say, a prompt
+  shorter than ``COMPACTION_SHRINK`` of the previous one counts as a compaction; a smaller
+  drop (an agent trimming part of its history) is replayed as no growth.
+* ``parent_session_id`` and ``parent_step`` (session): the session is a subagent, started
+  when the parent's step ``parent_step`` has replied; the tool that follows that step waits
+  until every such subagent has ended, then takes the step's ``tool_seconds`` more.
+* ``system_tokens`` (session): how much of the first prompt is the system prompt that the
+  job's agents share (default: the harness's value for the trace).
+
+Session fields may sit on any row of the session and must agree where repeated.
+:func:`trace_rows` turns any plans (a synthetic shape's too) into rows of this format,
+and :func:`load_trace` reads them back to the same plans.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 from dynamo_thunderagent.bench.workload import AgentPlan, TurnPlan, scale_tokens
 
@@ -25,45 +47,138 @@ DEFAULT_TRACE = (
 # the trace records whole prompts, not which part every agent of the job shares.
 TRACE_SYSTEM_TOKENS = 1000
 
+# A row that does not say whether it compacts does when its prompt is shorter than this
+# share of the previous prompt: a summary replaces most of a history, a trim only a part.
+COMPACTION_SHRINK = 0.5
+
+# Fields a row may carry that belong to its session, not to the call.
+_SESSION_FIELDS = ("parent_session_id", "parent_step", "system_tokens")
+
 
 @dataclass(frozen=True)
 class TraceStep:
-    """One row of a trace: the prompt of one LLM call and what followed it."""
+    """One row of a trace: the prompt of one LLM call and what followed it.
+
+    ``compaction`` is None where the row does not say (then it is inferred from the prompt's
+    length); the session fields are None where this row does not carry them.
+    """
 
     session_id: str
     step: int
     input_tokens: int
     output_tokens: int
-    llm_seconds: float
+    llm_seconds: float | None
     tool_seconds: float
+    compaction: bool | None = None
+    parent_session_id: str | None = None
+    parent_step: int | None = None
+    system_tokens: int | None = None
 
 
-def read_trace(path: Path | str) -> dict[str, list[TraceStep]]:
+@dataclass(frozen=True)
+class TraceSession:
+    """A session's rows, sorted by step, and the session fields they carry."""
+
+    session_id: str
+    steps: tuple[TraceStep, ...]
+    parent_session_id: str | None = None
+    parent_step: int | None = None
+    system_tokens: int | None = None
+
+
+def _count(row: Mapping[str, Any], name: str, *, optional: bool = False) -> int | None:
+    value = row.get(name)
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"missing field {name!r}")
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or (isinstance(value, float) and not value.is_integer())):
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return int(value)
+
+
+def _seconds(row: Mapping[str, Any], name: str) -> float | None:
+    value = row.get(name)
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or value < 0):
+        raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _step_from_row(row: Any) -> TraceStep:
+    if not isinstance(row, dict):
+        raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
+    session_id = row.get("session_id")
+    if session_id is None or isinstance(session_id, dict | list) or str(session_id) == "":
+        raise ValueError("missing field 'session_id' (a non-empty string)")
+    compaction = row.get("compaction")
+    if compaction is not None and not isinstance(compaction, bool):
+        raise ValueError(f"compaction must be true or false, got {compaction!r}")
+    parent = row.get("parent_session_id")
+    if parent is not None and (isinstance(parent, dict | list) or str(parent) == ""):
+        raise ValueError(f"parent_session_id must be a non-empty string, got {parent!r}")
+    step = _count(row, "step")
+    inp = _count(row, "input_tokens")
+    out = _count(row, "output_tokens")
+    assert step is not None and inp is not None and out is not None  # not optional
+    return TraceStep(
+        session_id=str(session_id),
+        step=step,
+        input_tokens=inp,
+        output_tokens=out,
+        llm_seconds=_seconds(row, "llm_seconds"),
+        tool_seconds=_seconds(row, "tool_seconds") or 0.0,
+        compaction=compaction,
+        parent_session_id=None if parent is None else str(parent),
+        parent_step=_count(row, "parent_step", optional=True),
+        system_tokens=_count(row, "system_tokens", optional=True),
+    )
+
+
+def read_trace(path: Path | str) -> dict[str, TraceSession]:
     """Rows of a JSONL trace grouped by session (file order) and sorted by step.
 
-    Raises ValueError naming the file and line of a row that lacks a field or has a bad value.
+    Raises ValueError naming the file and line of a row that lacks a field or has a bad value,
+    and the session whose steps repeat or whose session fields disagree.
     """
-    sessions: dict[str, list[TraceStep]] = {}
+    rows: dict[str, list[TraceStep]] = {}
     with Path(path).open(encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-                step = TraceStep(
-                    session_id=str(row["session_id"]),
-                    step=int(row["step"]),
-                    input_tokens=int(row["input_tokens"]),
-                    output_tokens=int(row["output_tokens"]),
-                    llm_seconds=float(row.get("llm_seconds", 0.0)),
-                    tool_seconds=float(row.get("tool_seconds", 0.0)),
-                )
-            except (ValueError, KeyError, TypeError) as error:
-                raise ValueError(f"{path}:{line_no}: bad trace row ({error!r})") from error
-            sessions.setdefault(step.session_id, []).append(step)
-    for steps in sessions.values():
-        steps.sort(key=lambda s: s.step)
-    return sessions
+                step = _step_from_row(json.loads(line))
+            except ValueError as error:  # json.JSONDecodeError is one
+                raise ValueError(f"{path}:{line_no}: bad trace row ({error})") from error
+            rows.setdefault(step.session_id, []).append(step)
+    return {sid: _session(path, sid, steps) for sid, steps in rows.items()}
+
+
+def _session(path: Path | str, session_id: str, steps: list[TraceStep]) -> TraceSession:
+    steps.sort(key=lambda s: s.step)
+    for a, b in pairwise(steps):
+        if a.step == b.step:
+            raise ValueError(f"{path}: session {session_id!r} has step {a.step} twice")
+    fields: dict[str, Any] = {}
+    for name in _SESSION_FIELDS:
+        values = {getattr(s, name) for s in steps} - {None}
+        if len(values) > 1:
+            raise ValueError(f"{path}: session {session_id!r} gives {name} as "
+                             f"{sorted(values, key=str)}; give one value")
+        fields[name] = values.pop() if values else None
+    if (fields["parent_session_id"] is None) != (fields["parent_step"] is None):
+        raise ValueError(f"{path}: session {session_id!r} needs parent_session_id and "
+                         "parent_step together (which step of which session started it)")
+    if fields["system_tokens"] is not None and fields["system_tokens"] > steps[0].input_tokens:
+        raise ValueError(f"{path}: session {session_id!r} gives system_tokens "
+                         f"{fields['system_tokens']}, more than its first prompt "
+                         f"({steps[0].input_tokens} tokens)")
+    return TraceSession(session_id, tuple(steps), **fields)
 
 
 def plan_from_trace(
@@ -74,14 +189,17 @@ def plan_from_trace(
     time_scale: float = 1.0,
     system_prompt_tokens: int = 0,
     max_turns: int | None = None,
+    subagents: Mapping[int, tuple[AgentPlan, ...]] | None = None,
 ) -> AgentPlan:
     """Turn one traced session into an agent program.
 
     Turn ``k``'s new tokens are what the history grew by beyond the previous call and its
-    reply: ``input[k] - input[k-1] - output[k-1]``, clamped at 0 (agents sometimes truncate
-    their history; a replay cannot shrink a prompt). Turn 0's new tokens are its whole input
-    less ``system_prompt_tokens`` (the part every agent of the job shares), given in trace
-    tokens before scaling. The last turn's tool time is 0.
+    reply: ``input[k] - input[k-1] - output[k-1]``, clamped at 0 (agents sometimes trim
+    their history; a replay cannot shrink a prompt). A compaction turn (the row says so, or
+    its prompt is below ``COMPACTION_SHRINK`` of the previous one) starts a new history, as
+    turn 0 does: its new tokens are its whole input less ``system_prompt_tokens`` (the part
+    every agent of the job shares), given in trace tokens before scaling. ``subagents`` maps
+    a turn index to the subagents its reply starts. The last turn's tool time is 0.
     """
     if not steps:
         raise ValueError(f"session {session_id!r} has no steps")
@@ -89,8 +207,9 @@ def plan_from_trace(
     shared_raw = min(system_prompt_tokens, chosen[0].input_tokens)
     turns: list[TurnPlan] = []
     for k, step in enumerate(chosen):
-        if k == 0:
-            new_raw = step.input_tokens - shared_raw
+        compaction = k > 0 and _compacts(chosen[k - 1], step)
+        if k == 0 or compaction:
+            new_raw = max(0, step.input_tokens - shared_raw)
         else:
             prev = chosen[k - 1]
             new_raw = max(0, step.input_tokens - prev.input_tokens - prev.output_tokens)
@@ -100,7 +219,9 @@ def plan_from_trace(
                 new_tokens=scale_tokens(new_raw, token_scale),
                 output_tokens=scale_tokens(step.output_tokens, token_scale, minimum=1),
                 tool_seconds=0.0 if last else step.tool_seconds * time_scale,
-                llm_seconds=step.llm_seconds * time_scale,
+                llm_seconds=None if step.llm_seconds is None else step.llm_seconds * time_scale,
+                compaction=compaction,
+                subagents=() if last or subagents is None else subagents.get(k, ()),
             )
         )
     return AgentPlan(
@@ -108,6 +229,12 @@ def plan_from_trace(
         system_tokens=scale_tokens(system_prompt_tokens, token_scale),
         turns=tuple(turns),
     )
+
+
+def _compacts(prev: TraceStep, step: TraceStep) -> bool:
+    if step.compaction is not None:
+        return step.compaction
+    return step.input_tokens < COMPACTION_SHRINK * prev.input_tokens
 
 
 def load_trace(
@@ -119,31 +246,111 @@ def load_trace(
     max_turns: int | None = None,
     batches: Sequence[str] | None = None,
 ) -> list[AgentPlan]:
-    """Every session of a JSONL trace as an agent program, in file order (see plan_from_trace).
+    """Every top-level session of a JSONL trace as an agent program, in file order, with
+    its subagents inside the turns that start them (see plan_from_trace).
 
-    ``batches`` keeps only rows whose session id starts with ``<batch>/`` (the shared trace
-    names its sessions ``bs1/...``, ``bs4/...``, ``bs32/...``).
+    ``system_prompt_tokens`` applies to sessions that do not give ``system_tokens``.
+    ``batches`` keeps only sessions whose id starts with ``<batch>/`` (the shared trace
+    names its sessions ``bs1/...``, ``bs4/...``, ``bs32/...``), with their subagents.
+    ``max_turns`` keeps the first turns of every session; subagents that a dropped turn, or
+    the last kept one, would have started are dropped with it. Raises ValueError naming the
+    session whose parent is missing, whose parent_step is not a step of its parent (or is
+    its parent's last step), or which is its own ancestor.
     """
-    plans = []
-    for session_id, steps in read_trace(path).items():
-        if batches is not None and session_id.split("/", 1)[0] not in batches:
+    sessions = read_trace(path)
+    children: dict[str, dict[int, list[str]]] = {}
+    for session in sessions.values():
+        parent = session.parent_session_id
+        if parent is None:
             continue
-        plans.append(
-            plan_from_trace(
-                session_id,
-                steps,
-                token_scale=token_scale,
-                time_scale=time_scale,
-                system_prompt_tokens=system_prompt_tokens,
-                max_turns=max_turns,
-            )
-        )
-    return plans
+        if parent not in sessions:
+            raise ValueError(f"{path}: session {session.session_id!r} names parent "
+                             f"{parent!r}, which is not in the trace")
+        steps = [s.step for s in sessions[parent].steps]
+        if session.parent_step is None or session.parent_step not in steps:
+            raise ValueError(f"{path}: session {session.session_id!r}: parent {parent!r} "
+                             f"has no step {session.parent_step} (its steps: "
+                             f"{steps[0]}..{steps[-1]})")
+        if max_turns is None and session.parent_step == steps[-1]:
+            raise ValueError(f"{path}: session {session.session_id!r} starts after its "
+                             f"parent's last step ({steps[-1]}), where nobody reads its report")
+        _check_ancestry(path, sessions, session)
+        index = steps.index(session.parent_step)
+        children.setdefault(parent, {}).setdefault(index, []).append(session.session_id)
+
+    def plan(session_id: str) -> AgentPlan:
+        session = sessions[session_id]
+        spawned = {k: tuple(plan(c) for c in ids)
+                   for k, ids in children.get(session_id, {}).items()}
+        system = (system_prompt_tokens if session.system_tokens is None
+                  else session.system_tokens)
+        return plan_from_trace(session_id, session.steps, token_scale=token_scale,
+                               time_scale=time_scale, system_prompt_tokens=system,
+                               max_turns=max_turns, subagents=spawned)
+
+    return [
+        plan(sid) for sid, session in sessions.items()
+        if session.parent_session_id is None
+        and (batches is None or sid.split("/", 1)[0] in batches)
+    ]
+
+
+def _check_ancestry(path: Path | str, sessions: Mapping[str, TraceSession],
+                    session: TraceSession) -> None:
+    seen = {session.session_id}
+    parent = session.parent_session_id
+    while parent is not None:
+        if parent in seen:
+            raise ValueError(f"{path}: session {session.session_id!r} is its own ancestor "
+                             f"(through {parent!r})")
+        seen.add(parent)
+        parent = sessions[parent].parent_session_id if parent in sessions else None
+
+
+def trace_rows(plans: Iterable[AgentPlan]) -> Iterator[dict[str, Any]]:
+    """Rows of ``plans`` in the trace format, each session's after its parent's: what
+    :func:`load_trace` reads back (at scale 1, ``system_prompt_tokens`` aside) as the same
+    plans. A subagent's rows name its parent and the parent's step that started it."""
+    def rows(plan: AgentPlan, parent: tuple[str, int] | None) -> Iterator[dict[str, Any]]:
+        for k, turn in enumerate(plan.turns):
+            row: dict[str, Any] = {
+                "session_id": plan.session_id,
+                "step": k + 1,
+                "input_tokens": plan.prompt_tokens(k),
+                "output_tokens": turn.output_tokens,
+                "tool_seconds": turn.tool_seconds,
+            }
+            if turn.llm_seconds is not None:
+                row["llm_seconds"] = turn.llm_seconds
+            if k > 0:
+                row["compaction"] = turn.compaction
+            if k == 0:
+                row["system_tokens"] = plan.system_tokens
+                if parent is not None:
+                    row["parent_session_id"], row["parent_step"] = parent
+            yield row
+        for k, turn in enumerate(plan.turns):
+            for sub in turn.subagents:
+                yield from rows(sub, (plan.session_id, k + 1))
+
+    for plan in plans:
+        yield from rows(plan, None)
+
+
+def write_trace(path: Path | str, rows: Iterable[Mapping[str, Any]]) -> int:
+    """Write ``rows`` (:func:`trace_rows`, or an import's) as a JSONL trace; returns how many.
+    Raises OSError where ``path`` cannot be written."""
+    count = 0
+    with Path(path).open("w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+            count += 1
+    return count
 
 
 def replay_stream(plans: Sequence[AgentPlan], seed: int) -> Iterator[AgentPlan]:
     """Endless replay of ``plans``: each pass is a seeded shuffle, and session ids get a
-    ``#<n>`` suffix so that no two agents of one run share a session id."""
+    ``#<n>`` suffix (their subagents' too) so that no two agents of one run share one."""
     if not plans:
         raise ValueError("replay_stream needs at least one plan")
     n = 0
@@ -152,6 +359,15 @@ def replay_stream(plans: Sequence[AgentPlan], seed: int) -> Iterator[AgentPlan]:
         order = list(plans)
         random.Random(f"{seed}:replay:{rounds}").shuffle(order)
         for plan in order:
-            yield AgentPlan(f"{plan.session_id}#{n}", plan.system_tokens, plan.turns)
+            yield _renamed(plan, f"#{n}")
             n += 1
         rounds += 1
+
+
+def _renamed(plan: AgentPlan, suffix: str) -> AgentPlan:
+    turns = tuple(
+        replace(t, subagents=tuple(_renamed(s, suffix) for s in t.subagents))
+        if t.subagents else t
+        for t in plan.turns
+    )
+    return AgentPlan(f"{plan.session_id}{suffix}", plan.system_tokens, turns)
