@@ -114,8 +114,10 @@ def _step_from_row(row: Any) -> TraceStep:
     if not isinstance(row, dict):
         raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
     session_id = row.get("session_id")
-    if session_id is None or isinstance(session_id, dict | list) or str(session_id) == "":
+    if session_id is None:
         raise ValueError("missing field 'session_id' (a non-empty string)")
+    if isinstance(session_id, dict | list | bool) or str(session_id) == "":
+        raise ValueError(f"session_id must be a non-empty string, got {session_id!r}")
     compaction = row.get("compaction")
     if compaction is not None and not isinstance(compaction, bool):
         raise ValueError(f"compaction must be true or false, got {compaction!r}")
@@ -252,11 +254,14 @@ def load_trace(
     ``system_prompt_tokens`` applies to sessions that do not give ``system_tokens``.
     ``batches`` keeps only sessions whose id starts with ``<batch>/`` (the shared trace
     names its sessions ``bs1/...``, ``bs4/...``, ``bs32/...``), with their subagents.
-    ``max_turns`` keeps the first turns of every session; subagents that a dropped turn, or
-    the last kept one, would have started are dropped with it. Raises ValueError naming the
-    session whose parent is missing, whose parent_step is not a step of its parent (or is
-    its parent's last step), or which is its own ancestor.
+    ``max_turns`` (>= 1) keeps the first turns of every session; subagents that a dropped
+    turn, or the last kept one, would have started are dropped with it. Raises ValueError
+    naming the session whose parent is missing, whose parent_step is not a step of its
+    parent (or is its parent's last step), or which is its own ancestor. Fields the format
+    does not know (the shipped trace's ``batch``) are ignored.
     """
+    if max_turns is not None and max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1, got {max_turns}")
     sessions = read_trace(path)
     children: dict[str, dict[int, list[str]]] = {}
     for session in sessions.values():
@@ -270,8 +275,8 @@ def load_trace(
         if session.parent_step is None or session.parent_step not in steps:
             raise ValueError(f"{path}: session {session.session_id!r}: parent {parent!r} "
                              f"has no step {session.parent_step} (its steps: "
-                             f"{steps[0]}..{steps[-1]})")
-        if max_turns is None and session.parent_step == steps[-1]:
+                             f"{_step_list(steps)})")
+        if session.parent_step == steps[-1]:
             raise ValueError(f"{path}: session {session.session_id!r} starts after its "
                              f"parent's last step ({steps[-1]}), where nobody reads its report")
         _check_ancestry(path, sessions, session)
@@ -293,6 +298,13 @@ def load_trace(
         if session.parent_session_id is None
         and (batches is None or sid.split("/", 1)[0] in batches)
     ]
+
+
+def _step_list(steps: Sequence[int]) -> str:
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"{steps[0]}..{steps[-1]}"
+    shown = ", ".join(str(n) for n in steps[:8])
+    return shown + (f", ... ({len(steps)} steps)" if len(steps) > 8 else "")
 
 
 def _check_ancestry(path: Path | str, sessions: Mapping[str, TraceSession],

@@ -16,7 +16,6 @@ from dynamo_thunderagent.bench.trace import trace_rows, write_trace
 from dynamo_thunderagent.bench.trace_import import (
     DEFAULT_MAX_CONTEXT_TOKENS,
     DEFAULT_MAX_GAP_SECONDS,
-    ImportNotes,
     import_rows,
 )
 from dynamo_thunderagent.bench.workload import make_agents
@@ -29,13 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--from-kv-cache-tester", nargs="+", metavar="PATH",
                         help="Claude Code conversations in kv-cache-tester's trace format: "
                         "JSON files, or directories of them (*.json)")
-    parser.add_argument("--agents", type=int, default=64,
+    parser.add_argument("--agents", type=int,
                         help="--workload: top-level agents (default 64)")
-    parser.add_argument("--seed", type=int, default=0, help="--workload: seed (default 0)")
-    parser.add_argument("--max-gap-seconds", type=float, default=DEFAULT_MAX_GAP_SECONDS,
+    parser.add_argument("--seed", type=int, help="--workload: seed (default 0)")
+    parser.add_argument("--max-gap-seconds", type=float,
                         help="import: cap on the wait between two calls "
                         f"(default {DEFAULT_MAX_GAP_SECONDS:g})")
-    parser.add_argument("--max-context-tokens", type=int, default=DEFAULT_MAX_CONTEXT_TOKENS,
+    parser.add_argument("--max-context-tokens", type=int,
                         help="import: cut a conversation before its first prompt above this "
                         f"(default {DEFAULT_MAX_CONTEXT_TOKENS})")
     parser.add_argument("--out", required=True, help="JSONL file to write")
@@ -55,23 +54,35 @@ def run_trace_cli(args: argparse.Namespace) -> int:
 def _rows(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
     """Every row, read and checked before anything is written, and a line about them."""
     if args.workload is not None:
-        if args.agents < 1:
-            raise ValueError(f"--agents must be >= 1, got {args.agents}")
-        plans = make_agents(ALL_SYNTHETIC[args.workload], args.agents, args.seed)
+        _refuse(args, ("max_gap_seconds", "max_context_tokens"), "--from-kv-cache-tester")
+        agents = 64 if args.agents is None else args.agents
+        if agents < 1:
+            raise ValueError(f"--agents must be >= 1, got {agents}")
+        plans = make_agents(ALL_SYNTHETIC[args.workload], agents,
+                            0 if args.seed is None else args.seed)
         programs = sum(1 for p in plans for _ in p.programs())
         return (list(trace_rows(plans)),
                 f"{len(plans)} {args.workload} agents, {programs} programs with subagents")
-    if not args.max_gap_seconds >= 0:
-        raise ValueError(f"--max-gap-seconds must be >= 0, got {args.max_gap_seconds}")
-    if args.max_context_tokens < 1:
-        raise ValueError(f"--max-context-tokens must be >= 1, got {args.max_context_tokens}")
-    notes = ImportNotes()
-    rows = list(import_rows(_documents(args.from_kv_cache_tester), notes,
-                            max_gap_seconds=args.max_gap_seconds,
-                            max_context_tokens=args.max_context_tokens))
+    _refuse(args, ("agents", "seed"), "--workload")
+    max_gap = DEFAULT_MAX_GAP_SECONDS if args.max_gap_seconds is None else args.max_gap_seconds
+    max_context = (DEFAULT_MAX_CONTEXT_TOKENS if args.max_context_tokens is None
+                   else args.max_context_tokens)
+    if not max_gap >= 0:
+        raise ValueError(f"--max-gap-seconds must be >= 0, got {max_gap}")
+    if max_context < 1:
+        raise ValueError(f"--max-context-tokens must be >= 1, got {max_context}")
+    rows, notes = import_rows(_documents(args.from_kv_cache_tester),
+                              max_gap_seconds=max_gap, max_context_tokens=max_context)
     if not rows:
         raise ValueError("no conversation left to write (" + notes.describe() + ")")
     return rows, notes.describe()
+
+
+def _refuse(args: argparse.Namespace, names: tuple[str, ...], source: str) -> None:
+    for name in names:
+        if getattr(args, name) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} applies to {source} only")
 
 
 def _documents(paths: list[str]) -> Iterator[tuple[str, Any]]:

@@ -10,29 +10,35 @@ subagent is an entry of ``"type": "subagent"`` with its own ``requests``; the su
 that follow one call start together once it has replied, and the parent's next call waits
 for all of them (its ``think_time`` spans their run).
 
-How a conversation maps (a pure function; reading the files is the caller's):
+How a conversation maps (pure functions; reading the files is the caller's):
 
 * a call's ``tool_seconds`` is the next call's ``think_time``, capped at
   ``max_gap_seconds`` (people pause for hours between tasks; the replay keeps the agent's
   pace, not the person's). Where subagents run between the two, it is what the wait
   lasted beyond the longest of them (``duration_ms``);
-* a call compacts when its prompt keeps less than half of the previous prompt's blocks
-  (``hash_ids``' common prefix): the history was replaced, not extended. Without
-  ``hash_ids`` the row leaves it to the reader's rule (trace.py's ``COMPACTION_SHRINK``);
+* a call starts a new history (the row's ``compaction``) when its prompt keeps less than
+  ``COMPACTION_SHRINK`` of the previous prompt's blocks (``hash_ids``' common prefix): a
+  compaction, or an edit early in the history that no prefix cache survives (in the
+  published traces about half of them shrink the prompt, half do not; a few are a switch
+  between two models that one conversation interleaves, replayed here as one session).
+  Without ``hash_ids`` the row leaves it to the reader's rule;
 * ``system_tokens`` is the conversation's system prompt and tool definitions, the part
   every session of the same agent shares;
 * a conversation is cut before its first prompt above ``max_context_tokens`` (more than
   the engines being replayed on hold); one whose first prompt is already above is left out,
-  as are subagents that start before the parent's first call or after its last kept one.
-  :class:`ImportNotes` counts what was cut and left out.
+  as are subagents that start before the parent's first call or after its last kept one
+  (the parent then waits only for the subagents that run). :class:`ImportNotes` counts what
+  was cut and left out.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
+
+from dynamo_thunderagent.bench.trace import COMPACTION_SHRINK
 
 # The longest wait between two calls that a replay keeps (issue 11's long sessions: tool
 # or human time, capped at 60 s).
@@ -41,49 +47,60 @@ DEFAULT_MAX_GAP_SECONDS = 60.0
 DEFAULT_MAX_CONTEXT_TOKENS = 200_000
 
 
-@dataclass
+@dataclass(frozen=True)
 class ImportNotes:
-    """What an import kept, cut and left out."""
+    """What an import kept, cut and left out (``+`` adds two imports' notes)."""
 
     sessions: int = 0
     subagents: int = 0
     rows: int = 0
-    compactions: int = 0
+    restarts: int = 0  # calls that do not extend the previous prompt
+    shrank: int = 0  # of those, calls whose prompt is shorter (compactions, mostly)
     capped_gaps: int = 0
     cut_sessions: int = 0
-    skipped_sessions: int = 0
-    skipped_subagents: int = 0
+    too_long: int = 0  # sessions left out: the first prompt is above the context limit
+    empty: int = 0  # sessions left out: no call at all
+    orphans: int = 0  # subagents left out: no kept parent call before them, or after
+
+    def __add__(self, other: ImportNotes) -> ImportNotes:
+        return ImportNotes(*(getattr(self, f.name) + getattr(other, f.name)
+                             for f in fields(self)))
 
     def describe(self) -> str:
-        return (f"{self.rows} rows: {self.sessions} conversations and {self.subagents} "
-                f"subagents, {self.compactions} compactions; {self.capped_gaps} waits "
-                f"capped; {self.cut_sessions} sessions cut at the context limit, "
-                f"{self.skipped_sessions} left out (first prompt above it), "
-                f"{self.skipped_subagents} subagents left out (no parent call to follow)")
+        return (f"{self.sessions} conversations and {self.subagents} "
+                f"subagents; {self.restarts} calls start a new history ({self.shrank} of "
+                f"them shorter than the call before); {self.capped_gaps} waits capped; "
+                f"{self.cut_sessions} sessions cut at the context limit; left out: "
+                f"{self.too_long} sessions starting above it, {self.empty} without a call, "
+                f"{self.orphans} subagents with no parent call to follow")
 
 
 def kv_cache_tester_rows(
     doc: Mapping[str, Any],
-    notes: ImportNotes,
     *,
     max_gap_seconds: float = DEFAULT_MAX_GAP_SECONDS,
     max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
-) -> list[dict[str, Any]]:
-    """Trace rows of one kv-cache-tester conversation (its subagents' after its own).
+) -> tuple[list[dict[str, Any]], ImportNotes]:
+    """Trace rows of one kv-cache-tester conversation (its subagents' after its own), and
+    what was kept, cut and left out.
 
     Raises ValueError saying which field of which conversation is missing or wrong.
     """
-    session_id = str(_field(doc, "id", "the conversation"))
-    if not session_id:
-        raise ValueError("the conversation's id is empty")
-    rows: list[dict[str, Any]] = []
-    _session(doc, session_id, None, notes, rows, max_gap_seconds, max_context_tokens)
-    return rows
+    session_id = _field(doc, "id", "the conversation")
+    if isinstance(session_id, dict | list | bool) or str(session_id) == "":
+        raise ValueError(f"the conversation's id must be a non-empty string, got {session_id!r}")
+    limits = _Limits(max_gap_seconds, max_context_tokens)
+    return _session(doc, str(session_id), None, limits)
+
+
+@dataclass(frozen=True)
+class _Limits:
+    max_gap: float
+    max_context: int
 
 
 def _session(doc: Mapping[str, Any], session_id: str, parent: tuple[str, int] | None,
-             notes: ImportNotes, out: list[dict[str, Any]], max_gap: float,
-             max_context: int) -> bool:
+             limits: _Limits) -> tuple[list[dict[str, Any]], ImportNotes]:
     entries = _field(doc, "requests", session_id)
     if not isinstance(entries, list):
         raise ValueError(f"{session_id}: requests must be a list")
@@ -96,87 +113,89 @@ def _session(doc: Mapping[str, Any], session_id: str, parent: tuple[str, int] | 
             spawned.append((len(calls) - 1, entry))
         else:
             calls.append(entry)
-    kept = _kept_calls(calls, session_id, max_context)
+    kept = _kept_calls(calls, session_id, limits.max_context)
     if not kept:
-        notes.skipped_sessions += 1
-        notes.skipped_subagents += len(spawned)
-        return False
-    if len(kept) < len(calls):
-        notes.cut_sessions += 1
-    notes.subagents += parent is not None
-    notes.sessions += parent is None
-    longest: dict[int, float] = {}  # call index -> its longest subagent, seconds
-    children: list[tuple[int, Mapping[str, Any]]] = []
-    for after, entry in spawned:
-        if 0 <= after < len(kept) - 1:
-            children.append((after, entry))
+        # Neither this session nor anything it started runs.
+        left = ImportNotes(empty=1) if not calls else ImportNotes(too_long=1)
+        return [], left + ImportNotes(orphans=len(spawned))
+    notes = ImportNotes(sessions=int(parent is None), subagents=int(parent is not None),
+                        rows=len(kept), cut_sessions=int(len(kept) < len(calls)))
+    # The subagents that run, converted first: the parent waits only for those.
+    children: list[dict[str, Any]] = []
+    longest: dict[int, float] = {}  # call index -> its longest subagent that runs, seconds
+    for n, (after, entry) in enumerate(spawned):
+        if not 0 <= after < len(kept) - 1:
+            notes += ImportNotes(orphans=1)
+            continue
+        agent = entry.get("agent_id") or f"agent_{n + 1}"
+        rows, child = _session(entry, f"{session_id}/{agent}", (session_id, after + 1), limits)
+        notes += child
+        if rows:
+            children.extend(rows)
             seconds = _number(entry, "duration_ms", session_id, default=0.0) / 1000.0
             longest[after] = max(longest.get(after, 0.0), seconds)
-        else:
-            notes.skipped_subagents += 1
     system = (_number(doc, "system_tokens", session_id, default=0.0)
               + _number(doc, "tool_tokens", session_id, default=0.0))
+    own: list[dict[str, Any]] = []
     for k, call in enumerate(kept):
+        wait, capped = _gap(kept, k, longest.get(k, 0.0), session_id, limits.max_gap)
         row: dict[str, Any] = {
             "session_id": session_id,
             "step": k + 1,
-            "input_tokens": int(_number(call, "in", session_id)),
-            "output_tokens": int(_number(call, "out", session_id)),
-            "tool_seconds": _gap(kept, k, longest.get(k, 0.0), session_id, max_gap, notes),
+            "input_tokens": _whole(call, "in", session_id),
+            "output_tokens": _whole(call, "out", session_id),
+            "tool_seconds": wait,
         }
-        if "api_time" in call:
+        notes += ImportNotes(capped_gaps=int(capped))
+        if call.get("api_time") is not None:
             row["llm_seconds"] = _number(call, "api_time", session_id)
         if k == 0:
             row["system_tokens"] = int(min(system, row["input_tokens"]))
             if parent is not None:
                 row["parent_session_id"], row["parent_step"] = parent
         else:
-            compaction = _compacts(kept[k - 1], call)
-            if compaction is not None:
-                row["compaction"] = compaction
-                notes.compactions += compaction
-        out.append(row)
-    notes.rows += len(kept)
-    for n, (after, entry) in enumerate(children):
-        agent = entry.get("agent_id") or f"agent_{n + 1}"
-        _session(entry, f"{session_id}/{agent}", (session_id, after + 1), notes, out,
-                 max_gap, max_context)
-    return True
+            restart = _restarts(kept[k - 1], call)
+            if restart is not None:
+                row["compaction"] = restart
+                shrank = restart and row["input_tokens"] < own[-1]["input_tokens"]
+                notes += ImportNotes(restarts=int(restart), shrank=int(shrank))
+        own.append(row)
+    return own + children, notes
 
 
 def _kept_calls(calls: Sequence[Mapping[str, Any]], session_id: str,
                 max_context: int) -> list[Mapping[str, Any]]:
     for k, call in enumerate(calls):
-        if _number(call, "in", session_id) > max_context:
+        if _whole(call, "in", session_id) > max_context:
             return list(calls[:k])
     return list(calls)
 
 
 def _gap(calls: Sequence[Mapping[str, Any]], k: int, subagents: float, session_id: str,
-         max_gap: float, notes: ImportNotes) -> float:
-    """The wait after call ``k``: the next call's think_time (else the clock's gap less the
-    call's own time), less its subagents' run, capped."""
+         max_gap: float) -> tuple[float, bool]:
+    """The wait after call ``k`` (the next call's think_time, else the clock's gap less the
+    call's own time) less its subagents' run, capped; and whether the cap cut it."""
     if k + 1 >= len(calls):
-        return 0.0
+        return 0.0, False
     after = calls[k + 1]
-    if "think_time" in after:
+    if after.get("think_time") is not None:
         wait = _number(after, "think_time", session_id)
     else:
         wait = (_number(after, "t", session_id, default=0.0)
                 - _number(calls[k], "t", session_id, default=0.0)
                 - _number(calls[k], "api_time", session_id, default=0.0))
     wait = max(0.0, wait - subagents)
-    if wait > max_gap:
-        notes.capped_gaps += 1
-        return max_gap
-    return wait
+    return (max_gap, True) if wait > max_gap else (wait, False)
 
 
-def _compacts(prev: Mapping[str, Any], call: Mapping[str, Any]) -> bool | None:
+def _restarts(prev: Mapping[str, Any], call: Mapping[str, Any]) -> bool | None:
+    """Whether ``call``'s prompt keeps less than ``COMPACTION_SHRINK`` of the previous
+    prompt's blocks (a compaction, or an edit early in the history that no prefix cache
+    survives); None without block hashes."""
     before, now = prev.get("hash_ids"), call.get("hash_ids")
     if not isinstance(before, list) or not isinstance(now, list) or not before:
         return None
-    return 2 * _common_prefix(before, now) < len(before)
+    return _common_prefix(before, now) < COMPACTION_SHRINK * len(before)
 
 
 def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -207,27 +226,38 @@ def _number(doc: Mapping[str, Any], name: str, where: str,
     return float(value)
 
 
+def _whole(doc: Mapping[str, Any], name: str, where: str) -> int:
+    value = _number(doc, name, where)
+    if not value.is_integer():
+        raise ValueError(f"{where}: {name} must be a whole number of tokens, got {value!r}")
+    return int(value)
+
+
 def import_rows(
     docs: Iterable[tuple[str, Any]],
-    notes: ImportNotes,
     *,
     max_gap_seconds: float = DEFAULT_MAX_GAP_SECONDS,
     max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
-) -> Iterator[dict[str, Any]]:
-    """Rows of every (source name, conversation) in turn. Raises ValueError naming the
-    source of a conversation that is not one, lacks a field, or repeats an earlier id."""
+) -> tuple[list[dict[str, Any]], ImportNotes]:
+    """Rows of every (source name, conversation) in turn, and the notes of them all.
+    Raises ValueError naming the source of a conversation that is not one, lacks a field, or
+    repeats an earlier id."""
     seen: dict[str, str] = {}
+    rows: list[dict[str, Any]] = []
+    notes = ImportNotes()
     for source, doc in docs:
         try:
             if not isinstance(doc, Mapping):
                 raise ValueError(f"a conversation must be a JSON object, got {type(doc).__name__}")
-            rows = kv_cache_tester_rows(doc, notes, max_gap_seconds=max_gap_seconds,
-                                        max_context_tokens=max_context_tokens)
+            some, more = kv_cache_tester_rows(doc, max_gap_seconds=max_gap_seconds,
+                                              max_context_tokens=max_context_tokens)
         except ValueError as error:
             raise ValueError(f"{source}: {error}") from None
-        if rows:
-            first = rows[0]["session_id"]
-            if first in seen:
-                raise ValueError(f"{source}: conversation id {first!r} is also {seen[first]}'s")
-            seen[first] = source
-        yield from rows
+        conversation = str(doc["id"])
+        if conversation in seen:
+            raise ValueError(f"{source}: conversation id {conversation!r} is also "
+                             f"{seen[conversation]}'s")
+        seen[conversation] = source
+        rows.extend(some)
+        notes += more
+    return rows, notes

@@ -77,6 +77,35 @@ def test_system_prompts_of_different_lengths_share_one_prefix_and_lose_no_block(
     kv.check()
 
 
+@pytest.mark.parametrize("host_blocks", [0, 40])
+def test_the_ledger_adds_up_through_mixed_system_prompts_evictions_and_pins(
+    host_blocks: int,
+) -> None:
+    rng = random.Random(7)
+    kv = KvPool(60, 16, host_blocks=host_blocks)
+    running: dict[str, int] = {}  # chain -> its request's system blocks
+    for _ in range(3000):
+        chain = f"p{rng.randrange(12)}"
+        op = rng.random()
+        if chain in running:
+            if op < 0.8:
+                kv.release(running.pop(chain), chain, keep_blocks=rng.randrange(12),
+                           pin=rng.random() < 0.2)
+        elif op < 0.6:
+            system = rng.choice([0, 2, 4, 6])
+            blocks = rng.randrange(1, 12)
+            if kv.plan(system, chain, blocks).fits:
+                kv.acquire(system, chain, blocks)
+                running[chain] = system
+        elif op < 0.7:
+            kv.retire(chain)
+        elif op < 0.85:
+            kv.unpin(chain)
+        else:
+            kv.pin(chain)
+        kv.check()
+
+
 def test_lru_evicts_the_least_recently_released_chain_first_and_from_its_tail() -> None:
     kv = KvPool(10, 16)
     kv.acquire(0, "a", 4)

@@ -95,6 +95,19 @@ def test_max_turns_drops_the_subagents_of_the_turns_it_drops(tmp_path: Path) -> 
     ])  # fmt: skip
     (plan,) = load_trace(trace, max_turns=2)
     assert [[s.session_id for s in t.subagents] for t in plan.turns] == [["s1"], []]
+    with pytest.raises(ValueError, match=r"max_turns must be >= 1, got 0"):
+        load_trace(trace, max_turns=0)
+
+
+def test_a_subagent_after_the_parent_s_last_step_is_refused_whatever_max_turns(
+    tmp_path: Path,
+) -> None:
+    trace = _write(tmp_path / "t.jsonl", [
+        _row("p", 1, 2000), _row("p", 2, 2500),
+        _row("s", 1, 1500, parent_session_id="p", parent_step=2),
+    ])  # fmt: skip
+    with pytest.raises(ValueError, match=r"starts after its parent's last step"):
+        load_trace(trace, max_turns=1)
 
 
 @pytest.mark.parametrize(
@@ -106,6 +119,9 @@ def test_max_turns_drops_the_subagents_of_the_turns_it_drops(tmp_path: Path) -> 
         ([_row("p", 1, 100), _row("p", 2, 200),
           _row("a", 1, 100, parent_session_id="p", parent_step=7)],
          r"parent 'p' has no step 7 \(its steps: 1\.\.2\)"),
+        ([_row("p", 1, 100), _row("p", 3, 200), _row("p", 4, 300),
+          _row("a", 1, 100, parent_session_id="p", parent_step=2)],
+         r"parent 'p' has no step 2 \(its steps: 1, 3, 4\)"),
         ([_row("p", 1, 100), _row("p", 2, 200),
           _row("a", 1, 100, parent_session_id="p", parent_step=2)],
          r"starts after its parent's last step \(2\)"),
@@ -133,6 +149,7 @@ def test_an_inconsistent_trace_names_the_session_and_what_is_wrong(
     [
         ([1, 2], r"a row must be a JSON object, got list"),
         ({"step": 1, "input_tokens": 1, "output_tokens": 1}, r"missing field 'session_id'"),
+        (_row(["a"], 1, 10), r"session_id must be a non-empty string, got \['a'\]"),
         (_row("a", 1, -5), r"input_tokens must be >= 0, got -5"),
         (_row("a", 1.5, 10), r"step must be a whole number, got 1\.5"),
         (_row("a", 1, True), r"input_tokens must be a whole number, got True"),

@@ -22,7 +22,11 @@ sweep of thousands of 40k-token turns run in seconds.
 States of a chain on a worker: *active* (held by a running request: never evicted), *idle*
 (in the LRU, evictable oldest-first, trimmed from its tail), *pinned* (idle but protected
 until unpinned: the TTL-pinning arm), or absent. The system chain is shared: it is active
-while any running request holds it (reference counted).
+while any running request holds it (reference counted). Programs whose system prompts differ
+in length (an imported trace's sessions) share it as far as their prompts agree, a shorter
+prompt being a prefix of a longer one: it holds the longest resident prompt's blocks, and
+grows when a longer one runs. While any request runs, the blocks beyond the running
+prompts' are held too, where a real engine could evict them; only mixed lengths see this.
 
 A hit stops at the first missing block: if the system chain has been trimmed, the program's
 own blocks are unreachable (their hashes chain through the missing block) even though they
