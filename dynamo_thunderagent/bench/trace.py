@@ -122,7 +122,7 @@ def _step_from_row(row: Any) -> TraceStep:
     if compaction is not None and not isinstance(compaction, bool):
         raise ValueError(f"compaction must be true or false, got {compaction!r}")
     parent = row.get("parent_session_id")
-    if parent is not None and (isinstance(parent, dict | list) or str(parent) == ""):
+    if parent is not None and (isinstance(parent, dict | list | bool) or str(parent) == ""):
         raise ValueError(f"parent_session_id must be a non-empty string, got {parent!r}")
     step = _count(row, "step")
     inp = _count(row, "input_tokens")

@@ -27,8 +27,9 @@ How a conversation maps (pure functions; reading the files is the caller's):
 * a conversation is cut before its first prompt above ``max_context_tokens`` (more than
   the engines being replayed on hold); one whose first prompt is already above is left out,
   as are subagents that start before the parent's first call or after its last kept one
-  (the parent then waits only for the subagents that run). :class:`ImportNotes` counts what
-  was cut and left out.
+  (the parent then waits only for the subagents that run; for one cut at the limit, its
+  whole recorded run). :class:`ImportNotes` counts what was cut and left out. Session ids
+  must not repeat (a subagent's is ``<conversation id>/<agent_id>``).
 """
 
 from __future__ import annotations
@@ -258,6 +259,11 @@ def import_rows(
             raise ValueError(f"{source}: conversation id {conversation!r} is also "
                              f"{seen[conversation]}'s")
         seen[conversation] = source
+        for session in (row["session_id"] for row in some if row["step"] == 1):
+            if session in seen and session != conversation:
+                raise ValueError(f"{source}: session id {session!r} repeats one of "
+                                 f"{seen[session]} (two subagents with one agent_id?)")
+            seen[session] = source
         rows.extend(some)
         notes += more
     return rows, notes

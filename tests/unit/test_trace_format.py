@@ -122,6 +122,9 @@ def test_a_subagent_after_the_parent_s_last_step_is_refused_whatever_max_turns(
         ([_row("p", 1, 100), _row("p", 3, 200), _row("p", 4, 300),
           _row("a", 1, 100, parent_session_id="p", parent_step=2)],
          r"parent 'p' has no step 2 \(its steps: 1, 3, 4\)"),
+        ([_row("p", n, 100 * n) for n in range(1, 20, 2)]
+         + [_row("a", 1, 100, parent_session_id="p", parent_step=2)],
+         r"\(its steps: 1, 3, 5, 7, 9, 11, 13, 15, \.\.\. \(10 steps\)\)"),
         ([_row("p", 1, 100), _row("p", 2, 200),
           _row("a", 1, 100, parent_session_id="p", parent_step=2)],
          r"starts after its parent's last step \(2\)"),
@@ -157,6 +160,7 @@ def test_an_inconsistent_trace_names_the_session_and_what_is_wrong(
         (_row("a", 1, 10, tool="slow"), r"tool_seconds must be a number of seconds >= 0"),
         (_row("a", 1, 10, compaction="yes"), r"compaction must be true or false"),
         (_row("a", 1, 10, parent_session_id=""), r"parent_session_id must be a non-empty"),
+        (_row("a", 1, 10, parent_session_id=True), r"parent_session_id must be a non-empty"),
     ],
 )
 def test_a_bad_row_names_the_line_and_the_field(

@@ -123,6 +123,20 @@ def test_the_same_conversation_twice_is_refused() -> None:
         import_rows([("a.json", doc), ("b.json", doc)])
 
 
+def test_a_session_id_made_twice_is_refused() -> None:
+    twin = {"type": "subagent", "agent_id": "agent_001", "requests": [_call(0, 9000, 10, 0)]}
+    doc = _conversation([_call(0, 20000, 100, 0), twin, twin, _call(5, 21000, 10, 3)])
+    with pytest.raises(ValueError, match=r"a\.json: session id 'c1/agent_001' repeats one of "
+                       r"a\.json"):
+        import_rows([("a.json", doc)])
+
+
+def test_a_conversation_left_out_still_claims_its_id() -> None:
+    gone = _conversation([_call(0, 900000, 10, 0)])
+    with pytest.raises(ValueError, match=r"b\.json: conversation id 'c1' is also a\.json's"):
+        import_rows([("a.json", gone), ("b.json", _conversation([_call(0, 2000, 10, 0)]))])
+
+
 def test_bench_trace_imports_a_directory_and_says_what_it_left_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -165,6 +179,13 @@ def test_bench_trace_refuses_what_it_cannot_read_before_writing_anything(
     assert main(["bench", "trace", "--from-kv-cache-tester", str(empty), "--out", str(out),
                  "--agents", "5"]) == 2
     assert "--agents applies to --workload only" in capsys.readouterr().err
+    assert main(["bench", "trace", "--from-kv-cache-tester", str(empty), "--out", str(out),
+                 "--seed", "3"]) == 2
+    assert "--seed applies to --workload only" in capsys.readouterr().err
+    assert main(["bench", "trace", "--workload", "toy", "--out", str(out),
+                 "--max-gap-seconds", "5"]) == 2
+    assert "--max-gap-seconds applies to --from-kv-cache-tester only" in (
+        capsys.readouterr().err)
     assert main(["bench", "trace", "--workload", "long", "--out", str(out),
                  "--max-context-tokens", "5"]) == 2
     assert "--max-context-tokens applies to --from-kv-cache-tester only" in (
