@@ -324,11 +324,12 @@ def trace_rows(plans: Iterable[AgentPlan]) -> Iterator[dict[str, Any]]:
     :func:`load_trace` reads back (at scale 1, ``system_prompt_tokens`` aside) as the same
     plans. A subagent's rows name its parent and the parent's step that started it."""
     def rows(plan: AgentPlan, parent: tuple[str, int] | None) -> Iterator[dict[str, Any]]:
+        contexts = plan.context_tokens()  # one pass; a prompt is its context less the reply
         for k, turn in enumerate(plan.turns):
             row: dict[str, Any] = {
                 "session_id": plan.session_id,
                 "step": k + 1,
-                "input_tokens": plan.prompt_tokens(k),
+                "input_tokens": contexts[k] - turn.output_tokens,
                 "output_tokens": turn.output_tokens,
                 "tool_seconds": turn.tool_seconds,
             }
