@@ -256,15 +256,13 @@ class ThunderAgentParameters(_Strict):
     acting_hold_factor: float | None = Field(None, gt=0.0, le=100.0)
     """Tool time is information: an ACTING program whose own gaps between turns are short
     keeps its charge undecayed (``acting_token_weight`` x its tokens) in the decayed usage
-    (the resume side; the pause side too with ``pressure_decay``) until it is expected
-    back, within a *hold* of this many times the time the engine takes to prefill a
-    worker/rank's whole KV pool (measured: prefill time per token x the mean rank
-    capacity). Evicting its KV costs a re-prefill when it returns; the room its KV holds
-    is worth about that much engine time over the hold, so a program expected back
-    within it (twice its smoothed gap within the hold) keeps its room for those twice its
-    gap, then decays (one that overruns its own gaps, a person away or a parent waiting
-    for subagents, holds room nobody uses), and the others give room back at once, as
-    without it. Where re-prefill is cheap the hold is short and nothing changes. The hold is
+    (the resume side; the pause side too with ``pressure_decay``) for a *hold* of this
+    many times the time the engine takes to prefill a worker/rank's whole KV pool
+    (measured: prefill time per token x the mean rank capacity). Evicting its KV costs a
+    re-prefill when it returns; the room its KV holds is worth about that much engine
+    time over the hold, so a program expected back within it (twice its smoothed gap
+    within the hold) keeps its room, and the others give room back at once, as without
+    it. Where re-prefill is cheap the hold is short and nothing changes. The hold is
     priced at a full re-prefill even with ``host_kv_blocks`` (where the tier keeps a
     paused program's KV, nobody is paused and the hold changes little). None: off
     (parity); 0 hold until the engine's prefill cost and a capacity are known."""

@@ -192,18 +192,13 @@ class Program:
         """Never finished a turn: nothing of it is cached anywhere yet."""
         return self.steps == 0
 
-    @property
-    def expected_back_seconds(self) -> float | None:
-        """How long into a tool call it is expected back: twice its smoothed gap between
-        turns (for margin). None until it has come back once."""
-        return None if self.gap_ewma == 0.0 else 2.0 * self.gap_ewma
-
     def expected_back_within(self, seconds: float) -> bool | None:
-        """Whether it is expected back from its tool within ``seconds``
-        (:attr:`expected_back_seconds` fits). None until it has come back once. The hold
+        """Whether it is expected back from its tool within ``seconds``: twice its smoothed
+        gap between turns (for margin) fits. None until it has come back once. The hold
         (``acting_hold_factor``) and the yield (``acting_yield_factor``) both ask this."""
-        back = self.expected_back_seconds
-        return None if back is None else back <= seconds
+        if self.gap_ewma == 0.0:
+            return None
+        return 2.0 * self.gap_ewma <= seconds
 
     @property
     def busy(self) -> bool:
