@@ -110,19 +110,26 @@ def _seconds(row: Mapping[str, Any], name: str) -> float | None:
     return float(value)
 
 
+def is_session_id(value: Any) -> bool:
+    """Whether a JSON value can name a session: a non-empty string, or a number (read as its
+    text); not an object, a list, a bool or null."""
+    return (value is not None and not isinstance(value, dict | list | bool)
+            and str(value) != "")
+
+
 def _step_from_row(row: Any) -> TraceStep:
     if not isinstance(row, dict):
         raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
     session_id = row.get("session_id")
     if session_id is None:
         raise ValueError("missing field 'session_id' (a non-empty string)")
-    if isinstance(session_id, dict | list | bool) or str(session_id) == "":
+    if not is_session_id(session_id):
         raise ValueError(f"session_id must be a non-empty string, got {session_id!r}")
     compaction = row.get("compaction")
     if compaction is not None and not isinstance(compaction, bool):
         raise ValueError(f"compaction must be true or false, got {compaction!r}")
     parent = row.get("parent_session_id")
-    if parent is not None and (isinstance(parent, dict | list | bool) or str(parent) == ""):
+    if parent is not None and not is_session_id(parent):
         raise ValueError(f"parent_session_id must be a non-empty string, got {parent!r}")
     step = _count(row, "step")
     inp = _count(row, "input_tokens")

@@ -20,6 +20,10 @@ from dynamo_thunderagent.bench.trace_import import (
 )
 from dynamo_thunderagent.bench.workload import make_agents
 
+# --workload's defaults: how many top-level agents, and the seed that draws them.
+DEFAULT_AGENTS = 64
+DEFAULT_SEED = 0
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
@@ -29,8 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Claude Code conversations in kv-cache-tester's trace format: "
                         "JSON files, or directories of them (*.json)")
     parser.add_argument("--agents", type=int,
-                        help="--workload: top-level agents (default 64)")
-    parser.add_argument("--seed", type=int, help="--workload: seed (default 0)")
+                        help=f"--workload: top-level agents (default {DEFAULT_AGENTS})")
+    parser.add_argument("--seed", type=int, help=f"--workload: seed (default {DEFAULT_SEED})")
     parser.add_argument("--max-gap-seconds", type=float,
                         help="import: cap on the wait between two calls "
                         f"(default {DEFAULT_MAX_GAP_SECONDS:g})")
@@ -55,11 +59,11 @@ def _rows(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
     """Every row, read and checked before anything is written, and a line about them."""
     if args.workload is not None:
         _refuse(args, ("max_gap_seconds", "max_context_tokens"), "--from-kv-cache-tester")
-        agents = 64 if args.agents is None else args.agents
+        agents = DEFAULT_AGENTS if args.agents is None else args.agents
         if agents < 1:
             raise ValueError(f"--agents must be >= 1, got {agents}")
         plans = make_agents(ALL_SYNTHETIC[args.workload], agents,
-                            0 if args.seed is None else args.seed)
+                            DEFAULT_SEED if args.seed is None else args.seed)
         programs = sum(1 for p in plans for _ in p.programs())
         return (list(trace_rows(plans)),
                 f"{len(plans)} {args.workload} agents, {programs} programs with subagents")

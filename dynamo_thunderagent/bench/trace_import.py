@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from dynamo_thunderagent.bench.trace import COMPACTION_SHRINK
+from dynamo_thunderagent.bench.trace import COMPACTION_SHRINK, is_session_id
 
 # The longest wait between two calls that a replay keeps (issue 11's long sessions: tool
 # or human time, capped at 60 s).
@@ -88,7 +88,7 @@ def kv_cache_tester_rows(
     Raises ValueError saying which field of which conversation is missing or wrong.
     """
     session_id = _field(doc, "id", "the conversation")
-    if isinstance(session_id, dict | list | bool) or str(session_id) == "":
+    if not is_session_id(session_id):
         raise ValueError(f"the conversation's id must be a non-empty string, got {session_id!r}")
     limits = _Limits(max_gap_seconds, max_context_tokens)
     return _session(doc, str(session_id), None, limits)
@@ -114,7 +114,8 @@ def _session(doc: Mapping[str, Any], session_id: str, parent: tuple[str, int] | 
             spawned.append((len(calls) - 1, entry))
         else:
             calls.append(entry)
-    kept = _kept_calls(calls, session_id, limits.max_context)
+    prompts = _kept_prompts(calls, session_id, limits.max_context)
+    kept = calls[:len(prompts)]
     if not kept:
         # Neither this session nor anything it started runs.
         left = ImportNotes(empty=1) if not calls else ImportNotes(too_long=1)
@@ -143,7 +144,7 @@ def _session(doc: Mapping[str, Any], session_id: str, parent: tuple[str, int] | 
         row: dict[str, Any] = {
             "session_id": session_id,
             "step": k + 1,
-            "input_tokens": _whole(call, "in", session_id),
+            "input_tokens": prompts[k],
             "output_tokens": _whole(call, "out", session_id),
             "tool_seconds": wait,
         }
@@ -164,12 +165,17 @@ def _session(doc: Mapping[str, Any], session_id: str, parent: tuple[str, int] | 
     return own + children, notes
 
 
-def _kept_calls(calls: Sequence[Mapping[str, Any]], session_id: str,
-                max_context: int) -> list[Mapping[str, Any]]:
-    for k, call in enumerate(calls):
-        if _whole(call, "in", session_id) > max_context:
-            return list(calls[:k])
-    return list(calls)
+def _kept_prompts(calls: Sequence[Mapping[str, Any]], session_id: str,
+                  max_context: int) -> list[int]:
+    """The prompt tokens of the calls kept: those before the first prompt above
+    ``max_context`` (read up to it, so a call after the cut is not checked)."""
+    prompts: list[int] = []
+    for call in calls:
+        tokens = _whole(call, "in", session_id)
+        if tokens > max_context:
+            break
+        prompts.append(tokens)
+    return prompts
 
 
 def _gap(calls: Sequence[Mapping[str, Any]], k: int, subagents: float, session_id: str,
