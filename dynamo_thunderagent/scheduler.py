@@ -78,10 +78,6 @@ from dynamo_thunderagent.snapshot import snapshot
 
 __all__ = ["Decisions", "Reject", "Release", "Scheduler"]
 
-# A rank holding (acting_hold_min_cache_loss) stops once the programs it does not hold
-# for lose less than this share of that level.
-HOLD_STOP_SHARE = 0.5
-
 
 class Scheduler:
     """Program table + admission gate + scheduler tick (see mission.md)."""
@@ -97,9 +93,6 @@ class Scheduler:
         # What paused programs found of their prompt when they resumed where they had run:
         # does a pause save anything there (pause_min_resume_loss)? (Kept across reloads.)
         self.resume_loss = CacheLossMeter()
-        # The continuing turns of programs the hold did not keep room for
-        # (acting_hold_min_cache_loss: what they lose says whether a hold would keep any).
-        self.unheld_loss = CacheLossMeter()
         self._build_seams(params, cost_model(params.pause_min_recompute_ratio))
         self._released = 0  # tracked requests released and not yet ended
         self.counters = {"pauses": 0, "idle_pauses": 0, "resumes": 0, "forced_resumes": 0,
@@ -107,8 +100,7 @@ class Scheduler:
                          "expired": 0, "evicted": 0, "rejected": 0, "yields": 0,
                          "released_evicting": 0, "alongside": 0,
                          "aging_pauses": 0, "aging_marks": 0,
-                         "aging_marks_cleared": 0, "sessionless_untracked": 0,
-                         "hold_starts": 0, "hold_stops": 0}
+                         "aging_marks_cleared": 0, "sessionless_untracked": 0}
         # Requests without a session id running now, and their prompt tokens per rank
         # (``sessionless_kv``); at most max_tracked_requests of them are kept.
         self._sessionless: dict[str, tuple[WorkerKey, int]] = {}
@@ -147,9 +139,7 @@ class Scheduler:
         ones.
         """
         self.params = params
-        held = self.usage_model.hold_ranks
         self.usage_model = _usage_model(params)
-        self.usage_model.hold_ranks = held  # _set_hold below re-judges them
         self.table.set_usage_model(self.usage_model)
         old_costs = self.costs
         self._build_seams(params, _carry_costs(old_costs, params.pause_min_recompute_ratio))
@@ -180,7 +170,6 @@ class Scheduler:
         for worker in before.keys() - self.capacity.known.keys():
             self.cache_loss.forget(worker)
             self.resume_loss.forget(worker)
-            self.unheld_loss.forget(worker)
         d = Decisions()
         if now is not None and any(
             cap > before.get(worker, 0) for worker, cap in self.capacity.known.items()
@@ -500,9 +489,6 @@ class Scheduler:
         if cached_tokens is not None and program.worker is not None:
             if request.expected_cached:
                 self.cache_loss.observe(program.worker, request.expected_cached, cached_tokens)
-                if not self.usage_model.holds(program):
-                    self.unheld_loss.observe(program.worker, request.expected_cached,
-                                             cached_tokens)
                 self._forget_kept_if_losing(program.worker)
             if request.expected_after_pause:
                 # A prompt shared with programs that stayed (a system prompt) is found
@@ -807,27 +793,7 @@ class Scheduler:
         refill = (self.costs.stall_seconds(round(self.capacity.total / len(known)), 1.0)
                   if (hold or yield_) and known else None)
         self.usage_model.hold_seconds = 0.0 if hold is None or refill is None else hold * refill
-        before, after = self.usage_model.hold_ranks, self._hold_ranks()
-        if before is not None and after is not None:
-            self.counters["hold_starts"] += len(after - before)
-            self.counters["hold_stops"] += len(before - after)
-        self.usage_model.hold_ranks = after
         self.yield_seconds = None if yield_ is None or refill is None else yield_ * refill
-
-    def _hold_ranks(self) -> frozenset[WorkerKey] | None:
-        """The ranks the hold holds on (``acting_hold_min_cache_loss``; None: all): those
-        where the programs it did not keep room for lose at least that share of the prefix
-        they expected cached, and those already holding while such programs lose at least
-        ``HOLD_STOP_SHARE`` of it (holding takes room from the others; without the
-        margin a rank would start and stop on every few turns)."""
-        start = self.params.acting_hold_min_cache_loss
-        if start is None or not self.params.acting_hold_factor:
-            return None
-        before = self.usage_model.hold_ranks or frozenset()
-        return frozenset(
-            worker for worker in self.capacity.known
-            if (loss := self.unheld_loss.loss_ratio(worker)) is not None
-            and loss >= (start * HOLD_STOP_SHARE if worker in before else start))
 
     def _yields(self, program: Program) -> bool:
         """Whether ``program``, now at its tool boundary, is expected back later than the
@@ -959,9 +925,6 @@ class Scheduler:
         state["keeping_paused"] = sorted(
             str(w) for w in self.capacity.known if self.keeps_paused(w))
         state["acting_hold_seconds"] = self.usage_model.hold_seconds
-        ranks = self.usage_model.hold_ranks
-        state["acting_hold_ranks"] = None if ranks is None else sorted(str(w) for w in ranks)
-        state["unheld_loss"] = self.unheld_loss.snapshot()
         # Prompt tokens of requests without a session id running now, per rank, and how
         # many tokens come off its capacity for them (sessionless_kv, *_full_loss).
         state["sessionless_tokens"] = {str(w): t for w, t in self.sessionless_tokens.items()}
