@@ -158,8 +158,6 @@ class UsageModel:
     acting_decay_tau_seconds: float
     buffer_per_program: int
     hold_seconds: float = 0.0
-    # The worker/ranks the hold holds on (None: every one; acting_hold_min_cache_loss).
-    hold_ranks: frozenset[WorkerKey] | None = None
 
     def weight(self, program: Program, now: float | None = None) -> float:
         """Weight of the program's tokens: 1 while REASONING, the ACTING weight while a
@@ -173,16 +171,10 @@ class UsageModel:
         if now is None or program.acting_since is None:
             return self.acting_token_weight
         idle = max(0.0, now - program.acting_since)
-        if self.holds(program):
-            idle = max(0.0, idle - self.hold_seconds)
-        return self.acting_token_weight * float(2.0 ** (-idle / self.acting_decay_tau_seconds))
-
-    def holds(self, program: Program) -> bool:
-        """Whether the hold keeps ``program``'s room: a hold is set, its rank holds
-        (``hold_ranks``) and it is expected back within the hold."""
         hold = self.hold_seconds
-        return (hold > 0.0 and (self.hold_ranks is None or program.worker in self.hold_ranks)
-                and bool(program.expected_back_within(hold)))
+        if hold > 0.0 and program.expected_back_within(hold):
+            idle = max(0.0, idle - hold)
+        return self.acting_token_weight * float(2.0 ** (-idle / self.acting_decay_tau_seconds))
 
     def charge(self, program: Program) -> float:
         """Capacity an ACTIVE program occupies now (the pressure side)."""

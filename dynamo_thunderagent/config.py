@@ -266,14 +266,6 @@ class ThunderAgentParameters(_Strict):
     priced at a full re-prefill even with ``host_kv_blocks`` (where the tier keeps a
     paused program's KV, nobody is paused and the hold changes little). None: off
     (parity); 0 hold until the engine's prefill cost and a capacity are known."""
-    acting_hold_min_cache_loss: float | None = Field(None, gt=0.0, le=1.0)
-    """With ``acting_hold_factor``: hold only on the worker/ranks where holding keeps a
-    cache. A rank starts holding once the programs the hold would cover (expected back
-    within it), not held there, lose at least this share of the prefix their next turns
-    expected cached (over at least 20 such turns, the recent ones weighing most); after
-    500 of their turns held it stops and measures again. Where agents fan out to short
-    subagents, what a hold keeps survives without it, and holding only makes turns wait.
-    None: the hold holds on every rank."""
     acting_yield_factor: float | None = Field(None, gt=0.0, le=100.0)
     """Do no harm where re-prefill is cheap: at its tool boundary, a program expected back
     later than this many times the time the engine takes to prefill a worker/rank's whole
@@ -345,10 +337,6 @@ class ThunderAgentParameters(_Strict):
                              "without a session id, which sessionless_kv: "
                              f"{self.sessionless_kv} does not reserve; set sessionless_kv: "
                              "reserve, or remove sessionless_kv_full_loss")
-        if self.acting_hold_min_cache_loss is not None and self.acting_hold_factor is None:
-            raise ValueError("acting_hold_min_cache_loss chooses the ranks the hold of "
-                             "acting_hold_factor holds on, and there is no hold; set "
-                             "acting_hold_factor, or remove acting_hold_min_cache_loss")
         if self.aging_makes_room and self.pause_rule == "upstream":
             raise ValueError("aging_makes_room works with pause_rule parity only (the "
                              "upstream rule has no aging); turn one of them off")

@@ -78,14 +78,6 @@ from dynamo_thunderagent.snapshot import snapshot
 
 __all__ = ["Decisions", "Reject", "Release", "Scheduler"]
 
-# acting_hold_min_cache_loss: a rank starts holding once at least HOLD_MIN_TURNS continuing
-# turns of programs the hold would cover, not held, were measured there (the meter weighs
-# the newest by HOLDABLE_LOSS_ALPHA: it follows about the last 1 / alpha turns), and holds
-# for HOLD_PROBE_TURNS such turns before it measures again without holding.
-HOLD_MIN_TURNS = 20
-HOLD_PROBE_TURNS = 500
-HOLDABLE_LOSS_ALPHA = 0.02
-
 
 class Scheduler:
     """Program table + admission gate + scheduler tick (see mission.md)."""
@@ -101,11 +93,6 @@ class Scheduler:
         # What paused programs found of their prompt when they resumed where they had run:
         # does a pause save anything there (pause_min_resume_loss)? (Kept across reloads.)
         self.resume_loss = CacheLossMeter()
-        # What programs the hold would cover lose where it does not hold
-        # (acting_hold_min_cache_loss: whether holding there would keep a cache), and the
-        # continuing turns such programs ran on each rank since it started holding.
-        self.holdable_loss = CacheLossMeter(alpha=HOLDABLE_LOSS_ALPHA)
-        self._held_turns: dict[WorkerKey, int] = {}
         self._build_seams(params, cost_model(params.pause_min_recompute_ratio))
         self._released = 0  # tracked requests released and not yet ended
         self.counters = {"pauses": 0, "idle_pauses": 0, "resumes": 0, "forced_resumes": 0,
@@ -113,8 +100,7 @@ class Scheduler:
                          "expired": 0, "evicted": 0, "rejected": 0, "yields": 0,
                          "released_evicting": 0, "alongside": 0,
                          "aging_pauses": 0, "aging_marks": 0,
-                         "aging_marks_cleared": 0, "sessionless_untracked": 0,
-                         "hold_starts": 0, "hold_stops": 0}
+                         "aging_marks_cleared": 0, "sessionless_untracked": 0}
         # Requests without a session id running now, and their prompt tokens per rank
         # (``sessionless_kv``); at most max_tracked_requests of them are kept.
         self._sessionless: dict[str, tuple[WorkerKey, int]] = {}
@@ -153,9 +139,7 @@ class Scheduler:
         ones.
         """
         self.params = params
-        held = self.usage_model.hold_ranks
         self.usage_model = _usage_model(params)
-        self.usage_model.hold_ranks = held  # _set_hold below re-judges them
         self.table.set_usage_model(self.usage_model)
         old_costs = self.costs
         self._build_seams(params, _carry_costs(old_costs, params.pause_min_recompute_ratio))
@@ -186,8 +170,6 @@ class Scheduler:
         for worker in before.keys() - self.capacity.known.keys():
             self.cache_loss.forget(worker)
             self.resume_loss.forget(worker)
-            self.holdable_loss.forget(worker)
-            self._held_turns.pop(worker, None)
         d = Decisions()
         if now is not None and any(
             cap > before.get(worker, 0) for worker, cap in self.capacity.known.items()
@@ -507,8 +489,6 @@ class Scheduler:
         if cached_tokens is not None and program.worker is not None:
             if request.expected_cached:
                 self.cache_loss.observe(program.worker, request.expected_cached, cached_tokens)
-                self._count_holdable(program.worker, program, request.expected_cached,
-                                     cached_tokens)
                 self._forget_kept_if_losing(program.worker)
             if request.expected_after_pause:
                 # A prompt shared with programs that stayed (a system prompt) is found
@@ -813,54 +793,7 @@ class Scheduler:
         refill = (self.costs.stall_seconds(round(self.capacity.total / len(known)), 1.0)
                   if (hold or yield_) and known else None)
         self.usage_model.hold_seconds = 0.0 if hold is None or refill is None else hold * refill
-        before, after = self.usage_model.hold_ranks, self._hold_ranks()
-        if before is not None and after is not None:
-            self.counters["hold_starts"] += len(after - before)
-            self.counters["hold_stops"] += len(before - after)
-        self.usage_model.hold_ranks = after
         self.yield_seconds = None if yield_ is None or refill is None else yield_ * refill
-
-    def _count_holdable(self, worker: WorkerKey, program: Program, expected: int,
-                        cached: int) -> None:
-        """A continuing turn of ``program`` on ``worker``: one the hold would cover (expected
-        back within it) counts towards the rank's probe while it holds, and is measured
-        while it does not (``acting_hold_min_cache_loss``)."""
-        model = self.usage_model
-        if (model.hold_ranks is None or model.hold_seconds <= 0.0
-                or not program.expected_back_within(model.hold_seconds)):
-            return
-        if worker in model.hold_ranks:
-            self._held_turns[worker] = self._held_turns.get(worker, 0) + 1
-        else:
-            self.holdable_loss.observe(worker, expected, cached)
-
-    def _hold_ranks(self) -> frozenset[WorkerKey] | None:
-        """The ranks the hold holds on (``acting_hold_min_cache_loss``; None: all).
-
-        A rank starts holding once programs the hold would cover, not held there, lost at
-        least that share of the prefix they expected cached (over at least
-        ``HOLD_MIN_TURNS`` turns): holding there keeps a cache. While it holds, those
-        programs keep their cache and say nothing about what they would lose, so after
-        ``HOLD_PROBE_TURNS`` of their turns it stops, forgets what it measured and measures
-        again: a rank whose agents changed (subagent fan-out after long conversations)
-        stops holding."""
-        start = self.params.acting_hold_min_cache_loss
-        if start is None or not self.params.acting_hold_factor:
-            return None
-        before = self.usage_model.hold_ranks or frozenset()
-        held = set()
-        meter = self.holdable_loss
-        for worker in self.capacity.known:
-            if worker in before:
-                if self._held_turns.get(worker, 0) < HOLD_PROBE_TURNS:
-                    held.add(worker)
-                    continue
-                meter.forget(worker)  # probe: measure again, without the hold
-            self._held_turns.pop(worker, None)
-            loss = meter.loss_ratio(worker)
-            if loss is not None and meter.turns(worker) >= HOLD_MIN_TURNS and loss >= start:
-                held.add(worker)
-        return frozenset(held)
 
     def _yields(self, program: Program) -> bool:
         """Whether ``program``, now at its tool boundary, is expected back later than the
@@ -992,9 +925,6 @@ class Scheduler:
         state["keeping_paused"] = sorted(
             str(w) for w in self.capacity.known if self.keeps_paused(w))
         state["acting_hold_seconds"] = self.usage_model.hold_seconds
-        ranks = self.usage_model.hold_ranks
-        state["acting_hold_ranks"] = None if ranks is None else sorted(str(w) for w in ranks)
-        state["holdable_loss"] = self.holdable_loss.snapshot()
         # Prompt tokens of requests without a session id running now, per rank, and how
         # many tokens come off its capacity for them (sessionless_kv, *_full_loss).
         state["sessionless_tokens"] = {str(w): t for w, t in self.sessionless_tokens.items()}

@@ -57,13 +57,6 @@ def scheduler_figures(state: dict[str, Any]) -> dict[str, Any]:
         "engine_costs": scheduler.get("costs"),
         "acting_hold_seconds": scheduler.get("acting_hold_seconds"),
         "acting_yield_seconds": scheduler.get("acting_yield_seconds"),
-        # acting_hold_min_cache_loss: the ranks holding at the end (null: the hold holds
-        # everywhere, or is off), how often a rank started and stopped holding, and what
-        # programs the hold would cover lost where it did not hold, per rank.
-        "acting_hold_ranks": scheduler.get("acting_hold_ranks"),
-        "hold_starts": counters.get("hold_starts", 0),
-        "hold_stops": counters.get("hold_stops", 0),
-        "holdable_loss": scheduler.get("holdable_loss"),
     }
 
 

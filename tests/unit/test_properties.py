@@ -91,10 +91,6 @@ PARAMETER_SETS = [
     dict(buffer_per_program=10, hold_max_cache_loss=0.5, resume_on_events=True,
          resume_affinity=True, price_moves=True, pause_min_recompute_ratio=0.0,
          idle_horizon_factor=2.0, pause_min_cache_loss=0.2),
-    # The hold only on ranks where the programs it does not hold for lose their cache.
-    dict(buffer_per_program=10, pause_min_recompute_ratio=0.0, acting_hold_factor=1.0,
-         acting_hold_min_cache_loss=0.05, hold_max_cache_loss=0.5, resume_on_events=True,
-         resume_affinity=True, shared_prefix_accounting=True),
     # Aging makes room: a turn waiting past max_wait_seconds pauses programs of its rank.
     dict(buffer_per_program=10, max_wait_seconds=12.0, aging_makes_room=True,
          resume_on_events=True, resume_affinity=True, min_residency_seconds=2.0),
@@ -407,8 +403,6 @@ class SchedulerMachine(RuleBasedStateMachine):
         """A continuing turn's cache as the engine reports it (``hold_max_cache_loss`` and
         ``pause_min_cache_loss`` read the ratio from the next decision)."""
         self.scheduler.cache_loss.observe(rank, 1_000, round(1_000 * (1 - lost)))
-        # ... of a program the hold would cover, not held (acting_hold_min_cache_loss).
-        self.scheduler.holdable_loss.observe(rank, 1_000, round(1_000 * (1 - lost)))
 
     @rule(rank=st.sampled_from(RANKS), tokens=st.integers(0, 300),
           rid=st.sampled_from([f"chat-{k}" for k in range(MAX_TRACKED + 2)]))
