@@ -6,6 +6,7 @@ import json
 import random
 from dataclasses import replace
 from functools import partial
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -461,3 +462,81 @@ def test_the_extended_policy_bounds_every_wait_at_its_resume_timeout(
     shipped, without = waits
     assert parameters.max_wait_seconds is not None
     assert parameters.max_wait_seconds < shipped <= bound < without
+
+
+# ---- a rollout: one batch run to its end (--rollout) ----------------------------------------
+def _rollout(arm_name: str, agents: int = 12, cap_s: float = 3600.0,
+             plans: Any = None) -> tuple[Any, Simulation]:
+    scenario = replace(_small(), warmup_s=0.0, window_s=cap_s, rollout=True)
+    config = RunConfig(agents=agents, workers=scenario.workers, engine=scenario.engine(),
+                       warmup_s=0.0, window_s=cap_s, rollout=True)
+    sim: Simulation | None = None
+    arm = build_arm(arm_name, policy=str(PARITY_POLICY), ttl_s=1.0,
+                    clock=lambda: sim.now() if sim is not None else 0.0)
+    sim = Simulation(config, arm, plans if plans is not None
+                     else islice(scenario.plans(0), agents))
+    return sim.run(), sim
+
+
+def test_a_rollout_runs_the_same_agents_to_their_end_in_every_arm() -> None:
+    by_arm = {name: _rollout(name) for name in ("stock", "ours")}
+    turns = {name: sorted((r.session_id, r.turn) for r in sim.records)
+             for name, (_, sim) in by_arm.items()}
+    assert turns["stock"] == turns["ours"]  # the same batch, every turn of it
+    sessions = {s for s, _ in turns["stock"]}
+    assert len(sessions) == 12
+    for result, sim in by_arm.values():
+        assert result.drained and result.problems == ()
+        batch = result.rollout
+        assert batch is not None and batch["runs"] == 12 == result.agents_completed
+        # The batch ends with its last agent; every turn counts, over that makespan.
+        assert batch["makespan_s"] == sim.now() == max(r.end for r in sim.records)
+        assert result.steady_turns == len(sim.records)
+        assert result.steps_per_min == pytest.approx(
+            len(sim.records) / (batch["makespan_s"] / 60.0))
+        assert batch["run_mean_s"] <= batch["run_p90_s"] <= batch["makespan_s"]
+        assert "rollout" in result.to_dict()
+
+
+def test_a_rollout_cut_by_its_cap_has_no_makespan_and_counts_the_runs_that_ended() -> None:
+    result, sim = _rollout("stock", cap_s=20.0)
+    assert result.drained  # the agents still running were released at their next boundary
+    batch = result.rollout
+    assert batch is not None and batch["makespan_s"] is None
+    assert batch["runs"] == result.agents_completed < 12
+    assert result.steps_per_min == pytest.approx(
+        sum(1 for r in sim.records if r.end < 20.0) / (20.0 / 60.0))
+
+
+def test_a_rollout_whose_every_agent_is_refused_ends_at_once() -> None:
+    scenario = _small()
+    huge = [replace(p, system_tokens=scenario.engine().capacity_tokens)
+            for p in islice(scenario.plans(0), 3)]
+    result, _ = _rollout("stock", agents=3, plans=iter(huge))
+    assert result.errors == 3 and result.drained
+    assert result.rollout == {"makespan_s": 0.0, "runs": 0, "run_mean_s": None,
+                              "run_p90_s": None}
+    assert result.steps_per_min == 0.0
+
+
+def test_a_closed_loop_run_reads_as_before_rollouts_existed() -> None:
+    scenario = _small(20.0)
+    config = RunConfig(agents=2, workers=scenario.workers, engine=scenario.engine(),
+                       warmup_s=scenario.warmup_s, window_s=scenario.window_s)
+    result = Simulation(config, StockArm(), scenario.plans(0)).run()
+    assert result.rollout is None and "rollout" not in result.to_dict()
+    assert "rollout" not in scenario.describe()
+    with pytest.raises(ValueError, match="need warmup_s = 0"):
+        replace(config, rollout=True).validate()
+
+
+def test_bench_sim_rollout_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["bench", "sim", "--regime", "cheap-recompute", "--agents", "4",
+                     "--arms", "stock,ours", "--rollout"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "rollout: one batch of N agents started together" in out
+    assert "capped at 86400 s" in out and "| N | arm | makespan s | runs |" in out
+    assert "| 4 | ours | " in out
+    assert cli.main(["bench", "sim", "--agents", "2", "--rollout", "--warmup-s", "5"]) == 2
+    assert "--warmup-s does not apply to --rollout" in capsys.readouterr().err

@@ -37,6 +37,10 @@ from dynamo_thunderagent.bench.workload import Background
 from dynamo_thunderagent.catalog import PluginError
 from dynamo_thunderagent.config import PolicyError
 
+ROLLOUT_CAP_S = 86_400.0
+"""``--rollout``'s cap without ``--window-s``: a simulated day, past any batch of the shapes
+here (the longest, real Claude Code sessions, end within two hours)."""
+
 
 def _ints(text: str) -> list[int]:
     try:
@@ -76,6 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="other tenants' traffic beside the agents: C loops of requests "
                         "without a session id, P unique prompt and O output tokens each "
                         "(default 800 and 64), back to back, as bench live --background")
+    parser.add_argument("--rollout", action="store_true",
+                        help="one batch: N agents start together and run to their end, as an "
+                             "RL rollout does; reports its makespan and run times (the window, "
+                             f"default {ROLLOUT_CAP_S:g} s here, caps it)")
     parser.add_argument("--window-s", type=float, help="steady window, simulated seconds")
     parser.add_argument("--warmup-s", type=float, help="warm-up dropped before the window")
     parser.add_argument("--policy", help=f"router-policy YAML for arm ours "
@@ -101,6 +109,12 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             if value <= 0 and flag != "warmup_s":
                 raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
             overrides[flag] = value
+    if args.rollout:
+        if args.warmup_s:
+            raise ValueError("--warmup-s does not apply to --rollout: a batch is measured "
+                             "from its start")
+        overrides.update(rollout=True, warmup_s=0.0)
+        overrides.setdefault("window_s", ROLLOUT_CAP_S)
     workload = scenario.workload
     if args.trace is not None:
         if args.workload is not None and args.workload != "trace":

@@ -79,6 +79,7 @@ class Scenario:
     host_blocks: int = 0  # host tier per worker (0: none)
     host_copy_s_per_token: float = 0.0
     background: Background | None = None  # other tenants' sessionless requests
+    rollout: bool = False  # one batch of N agents run to their end (``simulation.py``)
 
     def engine(self) -> EngineConfig:
         return EngineConfig(self.blocks, self.block_size, self.timing, self.max_num_seqs,
@@ -106,6 +107,8 @@ class Scenario:
             del data["host_blocks"], data["host_copy_s_per_token"]
         if self.background is None:  # likewise without other tenants' traffic
             del data["background"]
+        if not self.rollout:  # and in a closed loop
+            del data["rollout"]
         return data
 
 
@@ -172,7 +175,7 @@ def run_one(scenario: Scenario, arm_name: str, agents: int, seed: int,
     config = RunConfig(agents=agents, workers=scenario.workers, engine=scenario.engine(),
                        warmup_s=scenario.warmup_s, window_s=scenario.window_s,
                        client_overhead_s=scenario.client_overhead_s,
-                       background=scenario.background)
+                       background=scenario.background, rollout=scenario.rollout)
     sim: Simulation | None = None
 
     def clock() -> float:
@@ -180,7 +183,10 @@ def run_one(scenario: Scenario, arm_name: str, agents: int, seed: int,
 
     arm = build_arm(arm_name, policy=policy, ttl_s=ttl_s, clock=clock,
                     host_blocks=scenario.host_blocks)
-    sim = Simulation(config, arm, scenario.plans(seed))
+    plans = scenario.plans(seed)
+    if scenario.rollout:  # the batch: the stream's first N, the same in every arm
+        plans = islice(plans, agents)
+    sim = Simulation(config, arm, plans)
     return sim.run()
 
 
@@ -222,8 +228,11 @@ def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
         f"- timing: {s.timing.describe()}",
         "- workload: " + (f"trace {s.trace}" if s.trace else _describe_workload(s.workload))
         + f"; client overhead {s.client_overhead_s:g} s per turn",
-        f"- window: {s.window_s:g} s after {s.warmup_s:g} s warm-up (simulated); "
-        f"ours: {spec.policy or DEFAULT_POLICY.name}; ttl-pinning TTL {spec.ttl_s:.2f} s",
+        (f"- rollout: one batch of N agents started together, run to their end (capped at "
+         f"{s.window_s:g} s, simulated); steps/min over the batch's makespan"
+         if s.rollout else
+         f"- window: {s.window_s:g} s after {s.warmup_s:g} s warm-up (simulated)")
+        + f"; ours: {spec.policy or DEFAULT_POLICY.name}; ttl-pinning TTL {spec.ttl_s:.2f} s",
         *([] if s.background is None else [
             f"- other tenants: {s.background.concurrency} loops of sessionless requests, "
             f"{s.background.prompt_tokens} unique prompt and {s.background.output_tokens} "
@@ -255,6 +264,13 @@ def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
             f"{r.recomputed_tokens:,} | {_f(r.latency_p50_s)} / {_f(r.latency_p99_s)} | "
             f"{_f(r.wait_p50_s)} / {_f(r.wait_p99_s)} / {_f(r.wait_max_s)} | {r.pauses} | "
             f"{r.resumes} | {r.moves} | {r.busy_fraction:.2f} | {len(r.problems)} |")
+    if s.rollout:
+        lines += ["", "the batch (makespan: start to the last agent's end; runs: agents "
+                  "finished, and their completion time):", "",
+                  "| N | arm | makespan s | runs | run mean / p90 s |", "|---|---|---|---|---|"]
+        lines += [f"| {r.agents} | {r.arm} | {_f(r.rollout['makespan_s'])} | "
+                  f"{r.rollout['runs']} | {_f(r.rollout['run_mean_s'])} / "
+                  f"{_f(r.rollout['run_p90_s'])} |" for r in results if r.rollout is not None]
     if s.background is not None:
         lines += ["", "other tenants' requests finished in the window / p50 latency s:", ""]
         lines += [f"- N={r.agents} {r.arm}: {r.background['completed']} / "

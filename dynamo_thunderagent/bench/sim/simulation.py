@@ -41,6 +41,15 @@ until the window closes. The arm routes them as stock KV routing does
 it ends, as the live router does. They are not turns: ``SimFigures.background`` counts those
 that finished inside the window and their median latency (sent -> last token); the live
 driver counts those of the whole run, warm-up included.
+
+A rollout (``RunConfig.rollout``, ``bench sim --rollout``) is one batch instead of a closed
+loop, as an RL rollout or an evaluation runs its agents: the ``agents`` plans start together
+at 0 and a slot whose agent ends takes no other, so every arm runs the same agents to their
+end. The run stops when the last has ended (``window_s`` caps it; there is no warm-up), and
+its figures cover the whole batch: steps/min over the batch's makespan (time from the start
+to the last agent's end), hit rate and latencies over every turn, and ``SimFigures.rollout``:
+the makespan (None when the cap cut the batch), the runs finished, and their mean and p90
+completion time (first turn sent to session-final).
 """
 
 from __future__ import annotations
@@ -76,6 +85,7 @@ class RunConfig:
     drain_limit_s: float = 7200.0
     client_overhead_s: float = 0.0
     background: Background | None = None  # other tenants' sessionless requests
+    rollout: bool = False  # one batch of ``agents`` plans, run to their end (module docstring)
 
     def validate(self) -> None:
         if self.agents < 1 or self.workers < 1:
@@ -83,6 +93,8 @@ class RunConfig:
                              f"{self.workers}")
         if self.warmup_s < 0 or self.window_s <= 0:
             raise ValueError("need warmup_s >= 0 and window_s > 0")
+        if self.rollout and self.warmup_s:
+            raise ValueError("a rollout is measured from its start: need warmup_s = 0")
         if self.background is not None:
             check_background_fits(self.background, self.engine)
 
@@ -132,12 +144,17 @@ class SimFigures:
     # Other tenants' requests finished inside the window and their median latency; None
     # without background traffic.
     background: dict[str, Any] | None = None
+    # A rollout's batch: makespan_s (None: the cap cut it), runs (finished), run_mean_s and
+    # run_p90_s (their completion times); None in a closed-loop run.
+    rollout: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["problems"] = list(self.problems)
-        if self.background is None:  # no such traffic: the record reads as before it existed
-            del data["background"]
+        # Absent, not null, when off: a closed-loop record reads as before either existed.
+        for key in ("background", "rollout"):
+            if data[key] is None:
+                del data[key]
         return data
 
 
@@ -157,6 +174,7 @@ class _Agent:
     worker: int | None = None
     parent: _Agent | None = None  # the agent that spawned this one (a subagent)
     waiting: int = 0  # subagents this agent waits for
+    started: float = 0.0  # when its first turn was sent
 
 
 class Simulation:
@@ -189,6 +207,9 @@ class Simulation:
         self._background: dict[str, tuple[int, SimRequest]] = {}
         self._background_sent = 0
         self._background_latencies: list[float] = []  # finished inside the window
+        self._run_times: list[float] = []  # a rollout's finished agent runs
+        self._makespan: float | None = None  # when a rollout's last agent ended
+        self._launching = False  # run() is starting the agents
         arm.bind(self)
 
     # ---- ArmHost ----------------------------------------------------------------------
@@ -229,8 +250,12 @@ class Simulation:
     def run(self) -> SimFigures:
         """Simulate warm-up, window and drain; return the window's figures."""
         loop = self.loop
+        self._launching = True
         for slot in range(self.config.agents):
             self._start_agent(slot)
+        self._launching = False
+        if self.config.rollout and not self._agents:  # every agent ended at once (rejected)
+            self._end_batch()
         background = self.config.background
         for lane in range(background.concurrency if background else 0):
             self._send_background(lane)
@@ -248,7 +273,7 @@ class Simulation:
 
     def _start_agent(self, slot: int) -> None:
         plan = next(self._plans)
-        agent = _Agent(slot, plan, context=plan.system_tokens)
+        agent = _Agent(slot, plan, context=plan.system_tokens, started=self.loop.now)
         self._agents[plan.session_id] = agent
         self._send(agent)
 
@@ -347,15 +372,21 @@ class Simulation:
     def _end_agent(self, agent: _Agent, *, completed: bool) -> None:
         del self._agents[agent.plan.session_id]
         parent = agent.parent
-        if parent is None and completed and self._window_start <= self.loop.now < self._window_end:
+        now = self.loop.now
+        if parent is None and completed and self._window_start <= now < self._window_end:
             self.agents_completed += 1
+            if self.config.rollout:
+                self._run_times.append(now - agent.started)
         self.arm.session_final(agent.plan.session_id)
         if parent is not None:
             parent.waiting -= 1
             if parent.waiting == 0:  # the fan-out's tool returns: the parent goes on
                 delay = (parent.plan.turns[parent.turn - 1].tool_seconds
                          + self.config.client_overhead_s)
-                self.loop.at(self.loop.now + delay, lambda: self._send(parent))
+                self.loop.at(now + delay, lambda: self._send(parent))
+        elif self.config.rollout:
+            if not self._agents and not self._launching:  # the batch's last agent
+                self._end_batch()
         elif not self.stopping:
             self._start_agent(agent.slot)
 
@@ -373,7 +404,15 @@ class Simulation:
         counters["busy_s"] = sum(w.stats.busy_s for w in self._cluster.workers)
         self._snapshots.append(counters)
 
+    def _end_batch(self) -> None:
+        """A rollout's last agent has ended: that is its makespan, unless the cap came first."""
+        if not self.stopping:
+            self._makespan = self.loop.now
+            self._stop()
+
     def _stop(self) -> None:
+        if self.stopping:  # a rollout that ended before its cap
+            return
         self._snapshot()
         now = self.loop.now
         self._deferred_at_end = [now - r.sent_at for _, r in self._requests.values()
@@ -384,7 +423,12 @@ class Simulation:
     # ---- figures ----------------------------------------------------------------------
     def _result(self, drained: bool) -> SimFigures:
         start, end = self._window_start, self._window_end
-        steady = [r for r in self.records if start <= r.end < end]
+        span = self.config.window_s
+        if self._makespan is None:
+            steady = [r for r in self.records if start <= r.end < end]
+        else:  # a rollout that ended: its window is the whole batch, last turn included
+            span = self._makespan
+            steady = list(self.records)
         # Every simulated record is a finished turn with all of its fields set.
         prompt, cached, hit_rate = cache_figures(steady)
         reusable = sum(r.reusable_tokens or 0 for r in steady)
@@ -399,7 +443,7 @@ class Simulation:
             return int(after.get(key, 0) - before.get(key, 0))
 
         busy = (after.get("busy_s", 0.0) - before.get("busy_s", 0.0)) / (
-            self.config.window_s * self.config.workers)
+            span * self.config.workers) if span > 0 else 0.0
         problems = list(self._problems_at_end)
         problems += self.arm.problems(drained=drained) if drained else [
             f"{len(self._agents)} agents and {len(self._background)} background requests "
@@ -412,7 +456,7 @@ class Simulation:
         return SimFigures(
             arm=self.arm.name,
             agents=self.config.agents,
-            steps_per_min=len(steady) / (self.config.window_s / 60.0),
+            steps_per_min=len(steady) / (span / 60.0) if span > 0 else 0.0,
             steady_turns=len(steady),
             hit_rate=hit_rate,
             prompt_tokens=prompt,
@@ -434,4 +478,11 @@ class Simulation:
             drained=drained,
             problems=tuple(problems),
             background=background,
+            rollout=self._rollout_figures() if self.config.rollout else None,
         )
+
+    def _rollout_figures(self) -> dict[str, Any]:
+        times = self._run_times
+        return {"makespan_s": self._makespan, "runs": len(times),
+                "run_mean_s": sum(times) / len(times) if times else None,
+                "run_p90_s": percentile(times, 0.90)}
