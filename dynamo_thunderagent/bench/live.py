@@ -52,6 +52,14 @@ Workloads
   worker; subagents send their own session id, ``X-Dynamo-Parent-Session-ID`` and a
   session-final of their own.
 
+A rollout (``--rollout``) runs one batch instead of a closed loop, as an RL rollout or an
+evaluation does: the N agents start together at their first turn (no warm start, no warm-up)
+and a slot whose agent ends takes no other, so every arm runs the same agents to their end.
+The run ends with the batch's last agent; ``--window`` caps it (default 600 s here). Every
+figure then covers the whole batch: steps/min over its makespan, ``makespan_s`` (start to the
+last session-final answered; None when the cap cut a run), and ``agent_run_mean_s`` /
+``agent_run_p90_s`` over the same runs in every arm.
+
 Beside any workload, ``--background C[:P:O]`` sends other tenants' sessionless requests (C at
 a time, P unique prompt and O output tokens) until the window closes; they are no agent's
 turns, and each run's row carries their count, errors and p50 latency (``bench/driver.py``).
@@ -78,6 +86,8 @@ Definitions of the figures (per run; see ``bench/metrics.py``)
 * ``agent_run_mean_s`` / ``agent_run_p90_s``: agent-run completion time, first turn sent to
   session-final answered, over the ``agent_runs`` agents that ran whole inside the run
   (warm-started agents, which began mid-program, are left out).
+* ``makespan_s`` (``--rollout``): when the batch's last agent run ended, from the run's start;
+  None when any run of the batch did not finish (the cap cut it, or a turn failed).
 * ``recomputed_tokens``: tokens a program had cached on its previous turn and prefilled again
   (whole KV blocks), over the whole run.
 * ``pauses`` / ``resumes`` / ``moves`` / ``forced_resumes``: ours from ``/state`` counters;
@@ -142,6 +152,7 @@ from dynamo_thunderagent.bench.live_sweep import (
     RegimeSetup,
     RunKey,
     SweepPlan,
+    batch_plans,
     default_setup,
     interleave,
     parse_arms,
@@ -157,6 +168,10 @@ from dynamo_thunderagent.bench.runner import (
 from dynamo_thunderagent.bench.shapes import SHAPES, shape_token_factor
 from dynamo_thunderagent.bench.workload import Background
 from dynamo_thunderagent.policy_files import POLICY_CLOCKS, policy_on_clock, policy_with_host_tier
+
+ROLLOUT_CAP_S = 600.0
+"""``--rollout``'s cap without ``--window``, in the run's seconds; a run it cuts reports no
+makespan."""
 
 # ============================================================================================
 # Progress
@@ -242,6 +257,7 @@ class LiveConfig:
     # "regime": the routers' durations (policy seconds) run on the regime's clock, like the
     # agents' tools and the engine; "wall": as the files write them.
     policy_clock: str = "regime"
+    rollout: bool = False  # one batch of N agents run to their end per run (window: its cap)
 
     def plan(self, regime: str) -> tuple[RegimeSetup, SweepPlan]:
         """The regime's setup and its sweep (capacity fixed for the largest N)."""
@@ -289,6 +305,7 @@ class LiveConfig:
             "request_timeout_s": self.request_timeout_s,
             "seed": self.seed,
             "quick": self.quick,
+            "rollout": self.rollout,
             "background": None if self.background is None else dataclasses.asdict(
                 self.background),
             "out_dir": str(self.out_dir),
@@ -503,7 +520,8 @@ def _one_run(
     spec = RunSpec(
         arm=arm.base,
         label=arm.label,
-        plans=lambda: run_plans(setup, config.seed, key.agents),
+        plans=lambda: (batch_plans if config.rollout else run_plans)(
+            setup, config.seed, key.agents),
         agents=key.agents,
         window_s=config.window_s,
         warmup_s=config.warmup_s,
@@ -519,6 +537,7 @@ def _one_run(
         extra_env=arm.arm.observed_env(),
         job=f"live-{setup.regime}-{config.seed}",
         background=config.background,
+        rollout=config.rollout,
     )
     observer = Observer(arm.arm, (config.warmup_s, config.window_s))
     result = run_stack(spec, say, observer)
@@ -561,9 +580,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--agents", default=None, help="explicit comma-separated N values (overrides --factors)")
     a("--blocks", type=int, default=None, help="KV blocks per worker (overrides the sizing)")
     a("--workers", type=int, default=2, help="mocker workers (default 2)")
-    a("--window", type=float, default=None, help="seconds of turns per run (default 40; quick 30)")
+    a("--window", type=float, default=None,
+      help="seconds of turns per run (default 40; quick 30; with --rollout the batch's cap, "
+      f"default {ROLLOUT_CAP_S:g})")
     a("--warmup", type=float, default=None,
-      help="seconds dropped from the steady window (default 10; quick 8)")
+      help="seconds dropped from the steady window (default 10; quick 8; --rollout: none)")
     a("--drain", type=float, default=5.0, help="most seconds for turns in flight (default 5)")
     a("--request-timeout", type=float, default=300.0, help="client timeout per request")
     a("--seed", type=int, default=0)
@@ -583,6 +604,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--quick", action="store_true",
       help="a short check (under 5 min): calibrated, stock and ours, N at 1x and 3x, 1 repeat")
     a("--json", action="store_true", help="print one JSON object on stdout (progress on stderr)")
+    a("--rollout", action="store_true",
+      help="one batch per run, as an RL rollout: the N agents start together from their first "
+      "turn and run to their end; reports the batch's makespan and run times")
     a("--background", default=None, metavar="C[:P:O]",
       help="other tenants' chat traffic beside the agents: C loops sending sessionless "
       "requests of P unique prompt tokens for O output tokens back to back (default "
@@ -612,8 +636,13 @@ def config_from_args(args: argparse.Namespace) -> LiveConfig:
     agents = None
     if args.agents:
         agents = tuple(int(x) for x in _floats(args.agents, "--agents"))
-    window = args.window if args.window is not None else (30.0 if quick else 40.0)
-    warmup = args.warmup if args.warmup is not None else (8.0 if quick else 10.0)
+    window = args.window if args.window is not None else (
+        ROLLOUT_CAP_S if args.rollout else 30.0 if quick else 40.0)
+    warmup = args.warmup if args.warmup is not None else (
+        0.0 if args.rollout else 8.0 if quick else 10.0)
+    if args.rollout and warmup:
+        raise ValueError("--warmup does not apply to --rollout: a batch is measured from its "
+                         "start")
     if repeats < 1:
         raise ValueError("--repeats must be >= 1")
     if any(f <= 0 for f in factors):
@@ -634,7 +663,7 @@ def config_from_args(args: argparse.Namespace) -> LiveConfig:
         trace=args.trace, token_scale=args.token_scale, time_scale=args.time_scale,
         out_dir=args.out or default_out_dir(), plots=not args.no_plots, quick=quick,
         background=Background.parse(args.background) if args.background else None,
-        policy_clock=args.policy_clock,
+        policy_clock=args.policy_clock, rollout=bool(args.rollout),
     )  # fmt: skip
     for regime in config.regimes:
         config.setup(regime)  # validates the regime's setup

@@ -64,9 +64,12 @@ def _regime_markdown(
             f"time scale {setup.get('time_scale')}); {config.get('workers')} mocker workers x "
             f"{sweep.get('num_gpu_blocks')} blocks x {config.get('block_size')} tokens = "
             f"{sweep.get('capacity_tokens', 0):,} KV tokens; mean peak context "
-            f"{sweep.get('mean_peak_tokens')} tokens; window {config.get('window_s')} s "
-            f"(steady after {config.get('warmup_s')} s); {config.get('repeats')} repeat(s), "
-            "arms interleaved."
+            f"{sweep.get('mean_peak_tokens')} tokens; "
+            + (f"rollout: one batch of N agents per run, run to its end (capped at "
+               f"{config.get('window_s')} s), figures over the batch"
+               if config.get("rollout") else
+               f"window {config.get('window_s')} s (steady after {config.get('warmup_s')} s)")
+            + f"; {config.get('repeats')} repeat(s), arms interleaved."
         )
         out.append("")
 
@@ -88,6 +91,13 @@ def _regime_markdown(
         for arm in arms:
             ratios = [(by_n(arm).get(str(n)) or {}).get("steps_per_min_vs_stock") for n in counts]
             cells = ["-" if r is None else f"{r:.2f}x" for r in ratios]
+            out.append(f"| {arm} | " + " | ".join(cells) + " |")
+        out.append("")
+    if config.get("rollout"):
+        out += head("Batch makespan, s (mean over the runs whose batch ended, min-max in "
+                    "brackets; '-': the cap cut every run):")
+        for arm in arms:
+            cells = [_makespan_cell(by_n(arm).get(str(n))) for n in counts]
             out.append(f"| {arm} | " + " | ".join(cells) + " |")
         out.append("")
     out += head("Prefix-cache hit rate (steady window):")
@@ -120,6 +130,16 @@ def _regime_markdown(
     if failures:
         out.append("")
     return out
+
+
+def _makespan_cell(cell: Mapping[str, Any] | None) -> str:
+    """A rollout's makespan over its repeats, saying how many the cap cut (they have none)."""
+    text = _spread_cell(cell, "makespan_s", ".0f")
+    if cell is None:
+        return text
+    ended = len(cell.get("spread", {}).get("makespan_s", {}).get("values", []))
+    cut = cell["runs"] - cell.get("failed_runs", 0) - ended
+    return text + (f" [{cut}/{cell['runs']} cut by the cap]" if cut else "")
 
 
 def _largest_row(arm: str, c: Mapping[str, Any]) -> str:

@@ -29,8 +29,9 @@ class Observer:
     It is the arm's :class:`~dynamo_thunderagent.stack.arms.ObservedRun`: the logs written
     since :meth:`start`, our router's ``/state`` (polled for the paused count while the run
     lasts, when the stack serves one), and time-weighted means over the steady window
-    ``window = (warmup_s, window_s)`` relative to the run's start. Figures an arm cannot
-    measure stay None (:data:`EMPTY_FIGURES`).
+    ``window = (warmup_s, window_s)`` relative to the run's start, cut at the run's end when
+    it ended sooner (a rollout's batch). Figures an arm cannot measure stay None
+    (:data:`EMPTY_FIGURES`).
     """
 
     def __init__(self, arm: Arm, window: tuple[float, float], poll_s: float = 1.0) -> None:
@@ -43,6 +44,7 @@ class Observer:
         self._thread: threading.Thread | None = None
         self._log_offsets: dict[str, int] = {}
         self._stack: LocalStack | None = None
+        self._ended: float | None = None  # the run's length, once it is over
 
     def start(self, stack: LocalStack) -> None:
         self.t0 = time.time()
@@ -83,6 +85,8 @@ class Observer:
 
     def paused(self, samples: Sequence[tuple[float, float]]) -> tuple[float | None, float | None]:
         lo, hi = self.window
+        if self._ended is not None:
+            hi = min(hi, self._ended)
         return time_weighted(samples, self.t0 + lo, self.t0 + hi)
 
     def finish(self, stack: LocalStack, run: RunResult) -> dict[str, Any]:
@@ -90,6 +94,7 @@ class Observer:
             self._stop.set()
             self._thread.join(timeout=5.0)
         self._stack = stack
+        self._ended = run.elapsed_s
         figures = dict(EMPTY_FIGURES)
         figures.update(self.arm.figures(self))
         return figures

@@ -103,7 +103,7 @@ ROW_METRICS: tuple[str, ...] = (
     "admission_wait_p99_s", "admission_wait_max_s", "pauses", "resumes", "moves",
     "forced_resumes", "paused_mean", "paused_max", "errors", "cancelled", "turns_ok",
     "steady_turns", "agents_completed", "latency_censored", "admission_wait_censored_max_s",
-    "agent_runs", "agent_run_mean_s", "agent_run_p90_s",
+    "agent_runs", "agent_run_mean_s", "agent_run_p90_s", "makespan_s",
 )  # fmt: skip
 # How a cell's headline value combines its repeats (default: mean).
 SUMMED = frozenset({"errors"})
@@ -134,6 +134,8 @@ def make_row(
         row["hit_rate_all"] = m["hit_rate"]
         row["errors_by_type"] = m["errors_by_type"]
     if result.run is not None:
+        if row["makespan_s"] is not None:  # a rollout's batch that ended: its window (every
+            window_s = row["makespan_s"]  # turn ends before its agent's session-final)
         steady = steady_figures(result.run.records, warmup_s, window_s)
         row["hit_rate"] = steady["hit_rate"]
         row["latency_p50_s"] = steady["latency_p50_s"]

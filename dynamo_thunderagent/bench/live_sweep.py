@@ -253,9 +253,17 @@ def warm_start(plans: Iterator[AgentPlan], count: int, seed: int) -> Iterator[Ag
 
 def run_plans(setup: RegimeSetup, seed: int, agents: int) -> Iterator[AgentPlan]:
     """The stream one run replays: base plans, client overhead, warm start of the first N."""
+    return warm_start(_with_client_overhead(setup, seed), agents, seed)
+
+
+def batch_plans(setup: RegimeSetup, seed: int, agents: int) -> Iterator[AgentPlan]:
+    """A rollout's batch: the stream's first ``agents`` plans from their first turn."""
+    return islice(_with_client_overhead(setup, seed), agents)
+
+
+def _with_client_overhead(setup: RegimeSetup, seed: int) -> Iterator[AgentPlan]:
     overhead = setup.client_overhead_s * setup.time_scale
-    stream = (with_overhead(p, overhead) for p in base_plans(setup, seed))
-    return warm_start(stream, agents, seed)
+    return (with_overhead(p, overhead) for p in base_plans(setup, seed))
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,9 @@ class ArmMetrics:
     agent_runs: int = 0
     agent_run_mean_s: float | None = None
     agent_run_p90_s: float | None = None
+    # A rollout (one batch run to its end): when its last agent run ended, from the run's
+    # start; None when any run of the batch did not finish whole, and outside rollouts.
+    makespan_s: float | None = None
 
     @property
     def recomputed_fraction(self) -> float | None:
@@ -170,8 +173,15 @@ def summarize(
     tail_s: float = 0.0,
     block_size: int = 1,
     reuse_completion: bool = True,
+    batch: int | None = None,
 ) -> ArmMetrics:
-    """All figures of one run. ``agents_completed`` counts the agents' final requests."""
+    """All figures of one run. ``agents_completed`` counts the agents' final requests.
+
+    ``batch``: the run was a rollout of that many agents (``bench live --rollout``); once all
+    of them finished, the steady window is the batch, up to its makespan."""
+    makespan = batch_makespan(records, batch) if batch is not None else None
+    if makespan is not None:
+        window_s = makespan
     rate, steady, steady_len = steps_per_min(
         records, warmup_s=warmup_s, window_s=window_s, tail_s=tail_s
     )
@@ -201,7 +211,23 @@ def summarize(
         agents_completed=sum(1 for r in records
                              if r.kind == "final" and r.parent_session_id is None),
         **_agent_runs(records),
+        makespan_s=makespan,
     )
+
+
+def batch_makespan(records: Sequence[RecordLike], agents: int) -> float | None:
+    """When the last of a batch of ``agents`` agent runs ended (its session-final answered),
+    or None unless every one of them ran whole from its first turn and finished."""
+    first: set[str] = set()
+    ends: list[float] = []
+    for r in records:
+        if r.parent_session_id is not None:
+            continue
+        if r.kind == "turn" and r.turn == 0:
+            first.add(r.session_id)
+        elif r.kind == "final" and r.session_id in first:
+            ends.append(r.end)
+    return max(ends) if len(ends) == agents and agents > 0 else None
 
 
 def _agent_runs(records: Sequence[RecordLike]) -> dict[str, Any]:

@@ -100,6 +100,9 @@ class RunSpec:
     job: str = "job"
     progress_interval_s: float = 10.0
     background: Background | None = None  # sessionless requests beside the agents
+    # One batch: ``plans`` yields exactly ``agents`` plans and the window caps the batch
+    # (``bench live --rollout``); the figures cover it up to its makespan.
+    rollout: bool = False
 
     @property
     def name(self) -> str:
@@ -184,6 +187,7 @@ def run_stack(
         result.metrics = summarize(
             run.records, warmup_s=spec.warmup_s, window_s=spec.window_s, tail_s=spec.tail_s,
             block_size=spec.block_size, reuse_completion=False,
+            batch=spec.agents if spec.rollout else None,
         )  # fmt: skip
     except Exception as error:  # one arm failing must not hide the others
         lines = str(error).splitlines()

@@ -441,3 +441,85 @@ def test_dry_run_prints_the_schedule() -> None:
     assert len(calibrated["agents"]) == 4 and calibrated["agents"][-1] == 24
     total = sum(len(r["sweep"]["agents"]) for r in plan["regimes"].values()) * 2 * 4
     assert len(plan["schedule"]) == total
+
+
+# ----- a rollout: one batch run to its end (--rollout) ---------------------------------------
+
+
+def test_a_rollouts_batch_is_the_streams_first_plans_from_their_first_turn() -> None:
+    setup = live.default_setup("cheap-recompute")
+    batch = list(live_sweep.batch_plans(setup, 0, 5))
+    closed = list(zip(range(5), live.run_plans(setup, 0, 5), strict=False))
+    assert len(batch) == 5
+    # The same agents the closed loop starts with, but none warm-started (whole runs).
+    assert [p.session_id for p in batch] == [p.session_id.split("@")[0] for _, p in closed]
+    assert all("@" not in p.session_id for p in batch)
+    assert list(live_sweep.batch_plans(setup, 0, 5)) == batch  # seeded: every arm the same
+
+
+def test_rollout_options(tmp_path: Path) -> None:
+    config = live.config_from_args(_args("--rollout", "--out", str(tmp_path)))
+    assert config.rollout and config.describe()["rollout"] is True
+    assert (config.window_s, config.warmup_s) == (live.ROLLOUT_CAP_S, 0.0)
+    config = live.config_from_args(_args("--rollout", "--window", "300", "--warmup", "0"))
+    assert config.window_s == 300.0
+    with pytest.raises(ValueError, match="--warmup does not apply to --rollout"):
+        live.config_from_args(_args("--rollout", "--warmup", "5"))
+    assert not live.config_from_args(_args()).rollout
+
+
+def _batch_result(arm: str, *, finished: int) -> ArmResult:
+    """A batch of 2 agents of 2 turns each; ``finished`` of them sent their session-final."""
+    records = []
+    for i in range(2):
+        sid = f"s{i}"
+        records += [_rec(sid, 0, 0.0, 2.0 + i), _rec(sid, 1, 4.0 + i, 6.0 + 2 * i)]
+        if i < finished:
+            records.append(TurnRecord("final", 0, sid, 2, 6.5 + 2 * i, 7.0 + 2 * i, 0, 1))
+    run = RunResult(records, agents=2, window_s=600.0, drain_s=1.0, elapsed_s=9.0,
+                    agents_started=2, agents_completed=finished)  # fmt: skip
+    metrics = summarize(records, warmup_s=0.0, window_s=600.0, block_size=16,
+                        reuse_completion=False, batch=2)  # fmt: skip
+    return ArmResult(arm, metrics=metrics, elapsed_s=10.0, agents_started=2, run=run)
+
+
+def test_a_rollouts_row_covers_its_batch_and_the_report_says_where_the_cap_cut() -> None:
+    rows = []
+    for repeat, finished in enumerate((2, 2, 1)):
+        key = live.RunKey("calibrated", repeat, 2, "ours", 0, 0)
+        rows.append(live.make_row(key, _batch_result("ours", finished=finished),
+                                  pressure=3.0, warmup_s=0.0, window_s=600.0))
+    assert rows[0]["makespan_s"] == 9.0
+    assert rows[0]["steps_per_min"] == pytest.approx(4 / (9.0 / 60))
+    assert rows[0]["latency_p50_s"] is not None and rows[0]["hit_rate"] is not None
+    assert rows[2]["makespan_s"] is None  # the cap cut it
+    config = {"workers": 2, "block_size": 16, "window_s": 600.0, "warmup_s": 0.0,
+              "repeats": 3, "rollout": True,
+              "regimes": {"calibrated": {
+                  "setup": {"workload": "trace", "token_scale": 0.1, "time_scale": 0.25},
+                  "sweep": {"agents": [2], "pressures": [3.0], "num_gpu_blocks": 100,
+                            "capacity_tokens": 3200, "mean_peak_tokens": 800.0}}}}
+    report = live.build_report(rows, config=config, arm_order=["ours"],
+                               regime_order=["calibrated"], agents={"calibrated": [2]},
+                               meta={}, include_samples=False)  # fmt: skip
+    text = live.render_markdown(report)
+    assert "rollout: one batch of N agents per run, run to its end (capped at 600.0 s)" in text
+    assert "| ours | 9 (9-9) [1/3 cut by the cap] |" in text
+
+
+def test_the_paused_count_is_weighed_up_to_the_runs_end_when_it_ended_before_its_window(
+        ) -> None:
+    from dynamo_thunderagent.bench.live_observer import Observer
+    from dynamo_thunderagent.stack.arms import arm_named
+
+    class _Stack:  # no /state to read: only the polled paused count
+        processes: list[Any] = []
+        state_url = None
+
+    observer = Observer(arm_named("ours"), (0.0, 600.0))
+    observer.t0 = 100.0
+    observer.samples = [(100.0, 2.0), (105.0, 4.0)]  # 2 paused for 5 s, then 4
+    run = RunResult([], agents=2, window_s=600.0, drain_s=1.0, elapsed_s=10.0,
+                    agents_started=2, agents_completed=2)  # a batch over after 10 s
+    figures_ = observer.finish(_Stack(), run)  # type: ignore[arg-type]
+    assert figures_["paused_mean"] == pytest.approx(3.0)  # not 4 for the 590 s after its end

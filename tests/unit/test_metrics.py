@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dynamo_thunderagent.bench.metrics import (
+    batch_makespan,
     recomputed_tokens,
     steps_per_min,
     summarize,
@@ -150,3 +151,33 @@ def test_agent_run_time_counts_whole_runs_only() -> None:
     m = summarize(records, warmup_s=0.0, window_s=20.0)
     assert (m.agent_runs, m.agent_run_mean_s, m.agent_run_p90_s) == (2, 6.5, 8.0)
     assert m.agents_completed == 3
+
+
+def _batch(*, c_finishes: bool) -> list[TurnRecord]:
+    records = [
+        turn("a", 0, end=2.0, start=0.0), turn("a", 1, end=5.0),
+        turn("a", 2, end=6.0, kind="final"),
+        turn("b", 0, end=3.0, start=0.0), turn("b", 1, end=11.0),
+        turn("b", 2, end=12.0, kind="final"),
+        turn("c", 0, end=4.0, start=0.0),
+    ]
+    if c_finishes:
+        records.append(turn("c", 1, end=9.0, kind="final"))
+    return records
+
+
+def test_a_rollouts_window_is_its_batch_once_every_run_ended() -> None:
+    done = summarize(_batch(c_finishes=True), warmup_s=0.0, window_s=600.0, batch=3)
+    assert done.makespan_s == batch_makespan(_batch(c_finishes=True), 3) == 12.0
+    assert done.steady_window_s == 12.0 and done.steady_turns == 5
+    assert done.steps_per_min == pytest.approx(5 / (12.0 / 60))
+    assert (done.agent_runs, done.agent_run_p90_s) == (3, 12.0)
+    # A run the cap cut: no makespan, and the figures over the whole cap.
+    cut = summarize(_batch(c_finishes=False), warmup_s=0.0, window_s=600.0, batch=3)
+    assert cut.makespan_s is None and cut.steady_window_s == 600.0
+    # Outside a rollout nothing changes, and a batch whose runs did not start at their first
+    # turn (a warm start) has no makespan either.
+    assert summarize(_batch(c_finishes=True), warmup_s=0.0, window_s=600.0).makespan_s is None
+    assert batch_makespan(_batch(c_finishes=True), 4) is None
+    warm = [turn("a", 3, end=2.0, start=0.0), turn("a", 4, end=3.0, kind="final")]
+    assert batch_makespan(warm, 1) is None
