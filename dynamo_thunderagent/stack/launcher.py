@@ -116,7 +116,9 @@ class LocalStack:
         self.launch = LaunchContext(
             python=base.python, model_name=base.model_name, model_path=self.model_path,
             block_size=base.block_size, num_workers=base.num_workers, run_dir=self.run_dir,
-            topology=self.arm.topology, policy=base.policy,
+            # Absolute too: the processes run in the run dir (a relative --out of bench live
+            # put the builtin arm's policy copy out of the frontend's reach).
+            topology=self.arm.topology, policy=base.policy.resolve() if base.policy else None,
             router_args=tuple(base.router_args),
             router_cmd=None if base.router_cmd is None else tuple(base.router_cmd),
             state_port=self.state_port,

@@ -163,3 +163,15 @@ def test_a_second_router_needs_an_arm_whose_router_serves_state(
     with pytest.raises(StackError, match=f"arm {arm!r} has no router with a state port"):
         stack.start_router_again()
     assert stack.processes == []
+
+
+@pytest.mark.parametrize("arm", ["builtin", "ours"])
+def test_a_relative_policy_path_reaches_the_router_as_an_absolute_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arm: str) -> None:
+    # The stack's processes run in its run dir: a path relative to the caller's folder (as
+    # bench live's policy copies under a relative --out) would name nothing there.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "p.yaml").write_text(PARITY_POLICY.read_text(encoding="utf-8"))
+    stack = _stack(tmp_path, arm, policy=Path("out/p.yaml"))
+    assert stack.policy_path == stack.launch.policy == tmp_path / "out" / "p.yaml"
