@@ -177,11 +177,12 @@ def summarize(
 ) -> ArmMetrics:
     """All figures of one run. ``agents_completed`` counts the agents' final requests.
 
-    ``batch``: the run was a rollout of that many agents (``bench live --rollout``); once all
-    of them finished, the steady window is the batch, up to its makespan."""
+    ``batch``: the run was a rollout of that many agents (``bench live --rollout``): the steady
+    window is the batch, up to its last record (the makespan when every run finished; a run
+    that failed ends the batch without one), or ``window_s`` where that cap cut it."""
     makespan = batch_makespan(records, batch) if batch is not None else None
-    if makespan is not None:
-        window_s = makespan
+    if batch is not None and records:
+        window_s = min(window_s, max(r.end for r in records))
     rate, steady, steady_len = steps_per_min(
         records, warmup_s=warmup_s, window_s=window_s, tail_s=tail_s
     )

@@ -172,9 +172,14 @@ def test_a_rollouts_window_is_its_batch_once_every_run_ended() -> None:
     assert done.steady_window_s == 12.0 and done.steady_turns == 5
     assert done.steps_per_min == pytest.approx(5 / (12.0 / 60))
     assert (done.agent_runs, done.agent_run_p90_s) == (3, 12.0)
-    # A run the cap cut: no makespan, and the figures over the whole cap.
-    cut = summarize(_batch(c_finishes=False), warmup_s=0.0, window_s=600.0, batch=3)
-    assert cut.makespan_s is None and cut.steady_window_s == 600.0
+    # A run that failed: no makespan, and the batch ended with its last record.
+    failed = [*_batch(c_finishes=False), turn("c", 1, end=10.0, error="APITimeoutError: t")]
+    ended = summarize(failed, warmup_s=0.0, window_s=600.0, batch=3)
+    assert ended.makespan_s is None and ended.steady_window_s == 12.0
+    assert ended.steps_per_min == pytest.approx(5 / (12.0 / 60))  # the failed turn not
+    # A batch the cap cut: no makespan, and the figures up to the cap.
+    cut = summarize(_batch(c_finishes=False), warmup_s=0.0, window_s=10.0, batch=3)
+    assert cut.makespan_s is None and cut.steady_window_s == 10.0
     # Outside a rollout nothing changes, and a batch whose runs did not start at their first
     # turn (a warm start) has no makespan either.
     assert summarize(_batch(c_finishes=True), warmup_s=0.0, window_s=600.0).makespan_s is None
