@@ -372,13 +372,14 @@ def test_background_requests_run_beside_the_agents_each_heard_of_once_in_order()
     assert "background" in result.to_dict()
 
 
-def test_without_background_the_figures_read_as_before() -> None:
+def test_without_background_or_a_rollout_the_figures_read_as_before() -> None:
     scenario = _small(20.0)
     config = RunConfig(agents=2, workers=scenario.workers, engine=scenario.engine(),
                        warmup_s=scenario.warmup_s, window_s=scenario.window_s)
     result = Simulation(config, StockArm(), scenario.plans(0)).run()
-    assert result.background is None and "background" not in result.to_dict()
-    assert "background" not in scenario.describe()
+    for key in ("background", "rollout"):
+        assert getattr(result, key) is None and key not in result.to_dict()
+        assert key not in scenario.describe()
 
 
 def test_ours_holds_room_for_running_sessionless_requests_and_gives_it_all_back() -> None:
@@ -519,15 +520,12 @@ def test_a_rollout_whose_every_agent_is_refused_ends_at_once() -> None:
     assert result.steps_per_min == 0.0
 
 
-def test_a_closed_loop_run_reads_as_before_rollouts_existed() -> None:
+def test_a_rollout_with_a_warm_up_is_refused() -> None:
     scenario = _small(20.0)
     config = RunConfig(agents=2, workers=scenario.workers, engine=scenario.engine(),
-                       warmup_s=scenario.warmup_s, window_s=scenario.window_s)
-    result = Simulation(config, StockArm(), scenario.plans(0)).run()
-    assert result.rollout is None and "rollout" not in result.to_dict()
-    assert "rollout" not in scenario.describe()
+                       warmup_s=5.0, window_s=20.0, rollout=True)
     with pytest.raises(ValueError, match="need warmup_s = 0"):
-        replace(config, rollout=True).validate()
+        config.validate()
 
 
 def test_bench_sim_rollout_flag(capsys: pytest.CaptureFixture[str]) -> None:
