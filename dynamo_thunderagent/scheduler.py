@@ -326,7 +326,8 @@ class Scheduler:
             return
         worker = program.worker
         if worker is not None and self.capacity.is_live(worker):
-            self._release(program, request, worker, now, d)  # sticky
+            empty = self._empty_rank(program, worker)
+            self._release(program, request, empty or worker, now, d)  # sticky, or rebalanced
             return
         if not self.capacity.known:
             self._release(program, request, None, now, d)  # cold start: no capacity data
@@ -348,6 +349,24 @@ class Scheduler:
             program.deferred_since = now
             return
         self._release(program, request, target, now, d)
+
+    def _empty_rank(self, program: Program, home: WorkerKey) -> WorkerKey | None:
+        """``leave_for_empty_rank``: a live rank with no program, none waiting for it and
+        nothing reserved, that ``program`` fits, when it shares ``home`` with others; the
+        lowest such rank (None: stay home)."""
+        if not self.params.leave_for_empty_rank:
+            return None
+        table, capacity = self.table, self.capacity
+        if len(table.members(home)) < 2:
+            return None
+        waiting = {p.worker for p in self._deferred.values()}
+        need = program.tokens + self.params.buffer_per_program
+        for rank, cap in sorted(capacity.known.items()):
+            if (rank != home and capacity.is_live(rank) and not table.members(rank)
+                    and rank not in waiting and not capacity.reserved(rank)
+                    and need <= cap * self.params.pause_threshold):
+                return rank
+        return None
 
     def _release(self, program: Program, request: TrackedRequest, worker: WorkerKey | None,
                  now: float, d: Decisions, *, resumed: bool = False) -> None:

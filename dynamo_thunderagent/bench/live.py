@@ -56,9 +56,10 @@ A rollout (``--rollout``) runs one batch instead of a closed loop, as an RL roll
 evaluation does: the N agents start together at their first turn (no warm start, no warm-up)
 and a slot whose agent ends takes no other, so every arm runs the same agents to their end.
 The run ends with the batch's last agent; ``--window`` caps it (default 600 s here). Every
-figure then covers the whole batch: steps/min over its makespan, ``makespan_s`` (start to the
-last session-final answered; None when the cap cut a run), and ``agent_run_mean_s`` /
-``agent_run_p90_s`` over the same runs in every arm.
+figure then covers the whole batch: steps/min up to its end, ``makespan_s`` (start to the
+last session-final answered, or given up after the driver's 10 s; None when the cap cut the
+batch or a run was lost), and ``agent_run_mean_s`` / ``agent_run_p90_s`` over the same runs
+in every arm.
 
 Beside any workload, ``--background C[:P:O]`` sends other tenants' sessionless requests (C at
 a time, P unique prompt and O output tokens) until the window closes; they are no agent's
@@ -86,8 +87,9 @@ Definitions of the figures (per run; see ``bench/metrics.py``)
 * ``agent_run_mean_s`` / ``agent_run_p90_s``: agent-run completion time, first turn sent to
   session-final answered, over the ``agent_runs`` agents that ran whole inside the run
   (warm-started agents, which began mid-program, are left out).
-* ``makespan_s`` (``--rollout``): when the batch's last agent run ended, from the run's start;
-  None when any run of the batch did not finish (the cap cut it, or a turn failed).
+* ``makespan_s`` (``--rollout``): when the batch's last agent run ended (its session-final
+  answered or given up), from the run's start; None when any run of the batch did not finish
+  its turns (the cap cut it, or a turn failed).
 * ``recomputed_tokens``: tokens a program had cached on its previous turn and prefilled again
   (whole KV blocks), over the whole run.
 * ``pauses`` / ``resumes`` / ``moves`` / ``forced_resumes``: ours from ``/state`` counters;

@@ -94,8 +94,8 @@ def _regime_markdown(
             out.append(f"| {arm} | " + " | ".join(cells) + " |")
         out.append("")
     if config.get("rollout"):
-        out += head("Batch makespan, s (mean over the runs whose batch ended, min-max in "
-                    "brackets; '-': the cap cut every run):")
+        out += head("Batch makespan, s (mean over the runs whose every agent finished, min-max "
+                    "in parentheses; '-': none did, the cap cut the batch or a run was lost):")
         for arm in arms:
             cells = [_makespan_cell(by_n(arm).get(str(n))) for n in counts]
             out.append(f"| {arm} | " + " | ".join(cells) + " |")
@@ -133,13 +133,14 @@ def _regime_markdown(
 
 
 def _makespan_cell(cell: Mapping[str, Any] | None) -> str:
-    """A rollout's makespan over its repeats, saying how many the cap cut (they have none)."""
+    """A rollout's makespan over its repeats, saying how many have none (the cap cut the
+    batch, or one of its runs was lost)."""
     text = _spread_cell(cell, "makespan_s", ".0f")
     if cell is None:
         return text
     ended = len(cell.get("spread", {}).get("makespan_s", {}).get("values", []))
-    cut = cell["runs"] - cell.get("failed_runs", 0) - ended
-    return text + (f" [{cut}/{cell['runs']} cut by the cap]" if cut else "")
+    missing = cell["runs"] - cell.get("failed_runs", 0) - ended
+    return text + (f" [{missing}/{cell['runs']} without: cut or a run lost]" if missing else "")
 
 
 def _largest_row(arm: str, c: Mapping[str, Any]) -> str:

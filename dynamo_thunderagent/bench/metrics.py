@@ -88,8 +88,9 @@ class ArmMetrics:
     agent_runs: int = 0
     agent_run_mean_s: float | None = None
     agent_run_p90_s: float | None = None
-    # A rollout (one batch run to its end): when its last agent run ended, from the run's
-    # start; None when any run of the batch did not finish whole, and outside rollouts.
+    # A rollout (one batch run to its end): when its last agent run ended (its session-final
+    # answered or given up), from the run's start; None when any run of the batch did not
+    # finish its turns, and outside rollouts.
     makespan_s: float | None = None
 
     @property
@@ -217,8 +218,9 @@ def summarize(
 
 
 def batch_makespan(records: Sequence[RecordLike], agents: int) -> float | None:
-    """When the last of a batch of ``agents`` agent runs ended (its session-final answered),
-    or None unless every one of them ran whole from its first turn and finished."""
+    """When the last of a batch of ``agents`` agent runs ended (its session-final answered,
+    or given up by the client), or None unless every one of them ran whole from its first
+    turn and finished its turns."""
     first: set[str] = set()
     ends: list[float] = []
     for r in records:

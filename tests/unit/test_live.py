@@ -483,7 +483,8 @@ def _batch_result(arm: str, *, finished: int) -> ArmResult:
     return ArmResult(arm, metrics=metrics, elapsed_s=10.0, agents_started=2, run=run)
 
 
-def test_a_rollouts_row_covers_its_batch_and_the_report_says_where_the_cap_cut() -> None:
+def test_a_rollouts_row_covers_its_batch_and_the_report_says_which_runs_have_no_makespan(
+        ) -> None:
     rows = []
     for repeat, finished in enumerate((2, 2, 1)):
         key = live.RunKey("calibrated", repeat, 2, "ours", 0, 0)
@@ -492,7 +493,7 @@ def test_a_rollouts_row_covers_its_batch_and_the_report_says_where_the_cap_cut()
     assert rows[0]["makespan_s"] == 9.0
     assert rows[0]["steps_per_min"] == pytest.approx(4 / (9.0 / 60))
     assert rows[0]["latency_p50_s"] is not None and rows[0]["hit_rate"] is not None
-    assert rows[2]["makespan_s"] is None  # the cap cut it
+    assert rows[2]["makespan_s"] is None  # one agent never finished: no makespan
     config = {"workers": 2, "block_size": 16, "window_s": 600.0, "warmup_s": 0.0,
               "repeats": 3, "rollout": True,
               "regimes": {"calibrated": {
@@ -504,7 +505,7 @@ def test_a_rollouts_row_covers_its_batch_and_the_report_says_where_the_cap_cut()
                                meta={}, include_samples=False)  # fmt: skip
     text = live.render_markdown(report)
     assert "rollout: one batch of N agents per run, run to its end (capped at 600.0 s)" in text
-    assert "| ours | 9 (9-9) [1/3 cut by the cap] |" in text
+    assert "| ours | 9 (9-9) [1/3 without: cut or a run lost] |" in text
 
 
 def test_the_paused_count_is_weighed_up_to_the_runs_end_when_it_ended_before_its_window(

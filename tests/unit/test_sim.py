@@ -513,11 +513,11 @@ def test_a_rollout_whose_every_agent_is_refused_ends_at_once() -> None:
     scenario = _small()
     huge = [replace(p, system_tokens=scenario.engine().capacity_tokens)
             for p in islice(scenario.plans(0), 3)]
-    result, _ = _rollout("stock", agents=3, plans=iter(huge))
+    result, sim = _rollout("stock", agents=3, plans=iter(huge))
     assert result.errors == 3 and result.drained
-    assert result.rollout == {"makespan_s": 0.0, "runs": 0, "run_mean_s": None,
-                              "run_p90_s": None}
-    assert result.steps_per_min == 0.0
+    assert result.rollout == {"makespan_s": None, "runs": 0, "run_mean_s": None,
+                              "run_p90_s": None}  # runs were lost: no makespan, as live
+    assert result.steps_per_min == 0.0 and sim.now() == 0.0  # over at once, not at the cap
 
 
 def test_a_rollout_with_a_warm_up_is_refused() -> None:
@@ -538,3 +538,16 @@ def test_bench_sim_rollout_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert "| 4 | ours | " in out
     assert cli.main(["bench", "sim", "--agents", "2", "--rollout", "--warmup-s", "5"]) == 2
     assert "--warmup-s does not apply to --rollout" in capsys.readouterr().err
+
+
+def test_a_rollout_that_lost_a_run_has_no_makespan_but_ends_with_its_batch() -> None:
+    scenario = _small()
+    plans = list(islice(scenario.plans(0), 3))
+    plans[0] = replace(plans[0], system_tokens=scenario.engine().capacity_tokens)  # refused
+    result, sim = _rollout("stock", agents=3, plans=iter(plans))
+    assert result.errors == 1 and result.rollout is not None
+    assert result.rollout["runs"] == 2 and result.rollout["makespan_s"] is None
+    end = max(r.end for r in sim.records)
+    assert end < 3600.0  # the batch ended long before its cap, and its figures with it
+    assert result.steps_per_min == pytest.approx(len(sim.records) / (sim.now() / 60.0))
+    assert sim.now() == pytest.approx(end)

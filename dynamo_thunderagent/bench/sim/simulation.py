@@ -46,10 +46,10 @@ A rollout (``RunConfig.rollout``, ``bench sim --rollout``) is one batch instead 
 loop, as an RL rollout or an evaluation runs its agents: the ``agents`` plans start together
 at 0 and a slot whose agent ends takes no other, so every arm runs the same agents to their
 end. The run stops when the last has ended (``window_s`` caps it; there is no warm-up), and
-its figures cover the whole batch: steps/min over the batch's makespan (time from the start
-to the last agent's end), hit rate and latencies over every turn, and ``SimFigures.rollout``:
-the makespan (None when the cap cut the batch), the runs finished, and their mean and p90
-completion time (first turn sent to session-final).
+its figures cover the whole batch: steps/min up to the batch's end, hit rate and latencies
+over every turn, and ``SimFigures.rollout``: the makespan (time from the start to the last
+agent's end; None when the cap cut the batch or a run was lost, as live), the runs finished,
+and their mean and p90 completion time (first turn sent to session-final).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ class Simulation:
         self._background_sent = 0
         self._background_latencies: list[float] = []  # finished inside the window
         self._run_times: list[float] = []  # a rollout's finished agent runs
-        self._makespan: float | None = None  # when a rollout's last agent ended
+        self._batch_end: float | None = None  # when a rollout's last agent ended
         self._launching = False  # run() is starting the agents
         arm.bind(self)
 
@@ -405,9 +405,9 @@ class Simulation:
         self._snapshots.append(counters)
 
     def _end_batch(self) -> None:
-        """A rollout's last agent has ended: that is its makespan, unless the cap came first."""
+        """A rollout's last agent has ended (unless the cap came first): the batch is over."""
         if not self.stopping:
-            self._makespan = self.loop.now
+            self._batch_end = self.loop.now
             self._stop()
 
     def _stop(self) -> None:
@@ -424,10 +424,10 @@ class Simulation:
     def _result(self, drained: bool) -> SimFigures:
         start, end = self._window_start, self._window_end
         span = self.config.window_s
-        if self._makespan is None:
+        if self._batch_end is None:
             steady = [r for r in self.records if start <= r.end < end]
         else:  # a rollout that ended: its window is the whole batch, last turn included
-            span = self._makespan
+            span = self._batch_end
             steady = list(self.records)
         # Every simulated record is a finished turn with all of its fields set.
         prompt, cached, hit_rate = cache_figures(steady)
@@ -483,6 +483,7 @@ class Simulation:
 
     def _rollout_figures(self) -> dict[str, Any]:
         times = self._run_times
-        return {"makespan_s": self._makespan, "runs": len(times),
+        whole = len(times) == self.config.agents  # no run was lost
+        return {"makespan_s": self._batch_end if whole else None, "runs": len(times),
                 "run_mean_s": sum(times) / len(times) if times else None,
                 "run_p90_s": percentile(times, 0.90)}
