@@ -250,11 +250,12 @@ class ThunderAgentParameters(_Strict):
     pay resumes at home. Until the engine's costs are measured, moves are free (parity)."""
     leave_for_empty_rank: bool = False
     """A program whose next turn arrives on a worker/rank it shares with other programs
-    runs that turn on a live rank that holds no program at all (no program assigned, none
-    waiting for it, nothing reserved there), when one exists and the program fits it: its
-    re-prefill there holds up nobody, and it and the programs it leaves decode in smaller
-    batches. The case of a batch's tail, where the last agents share one rank while
-    another has emptied. Off: a turn always runs where its program's cache is."""
+    runs that turn on a live rank that holds no program at all (none assigned, nothing
+    reserved there), when one exists, the program fits it and no turn waits for room (an
+    empty rank is theirs first): its re-prefill there holds up nobody, and it and the
+    programs it leaves decode in smaller batches and no longer crowd one KV pool. The case
+    of a batch's tail, where the last agents share one rank while another has emptied.
+    Off: a continuing turn always runs where its program's cache is."""
     pause_rule: Literal["parity", "upstream"] = "parity"
     """Which pause rule relieves pressure (dynamo_thunderagent.pressure): the paper's
     (parity), or the upstream ThunderAgent proxy's, which marks every REASONING program

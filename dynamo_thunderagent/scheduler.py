@@ -100,7 +100,8 @@ class Scheduler:
                          "expired": 0, "evicted": 0, "rejected": 0, "yields": 0,
                          "released_evicting": 0, "alongside": 0,
                          "aging_pauses": 0, "aging_marks": 0,
-                         "aging_marks_cleared": 0, "sessionless_untracked": 0}
+                         "aging_marks_cleared": 0, "sessionless_untracked": 0,
+                         "empty_rank_moves": 0}
         # Requests without a session id running now, and their prompt tokens per rank
         # (``sessionless_kv``); at most max_tracked_requests of them are kept.
         self._sessionless: dict[str, tuple[WorkerKey, int]] = {}
@@ -327,7 +328,11 @@ class Scheduler:
         worker = program.worker
         if worker is not None and self.capacity.is_live(worker):
             empty = self._empty_rank(program, worker)
-            self._release(program, request, empty or worker, now, d)  # sticky, or rebalanced
+            if empty is not None:
+                self.counters["empty_rank_moves"] += 1
+                self._release(program, request, empty, now, d, why="empty_rank")
+                return
+            self._release(program, request, worker, now, d)  # sticky
             return
         if not self.capacity.known:
             self._release(program, request, None, now, d)  # cold start: no capacity data
@@ -351,28 +356,31 @@ class Scheduler:
         self._release(program, request, target, now, d)
 
     def _empty_rank(self, program: Program, home: WorkerKey) -> WorkerKey | None:
-        """``leave_for_empty_rank``: a live rank with no program, none waiting for it and
-        nothing reserved, that ``program`` fits, when it shares ``home`` with others; the
-        lowest such rank (None: stay home)."""
-        if not self.params.leave_for_empty_rank:
+        """``leave_for_empty_rank``: a live rank with no program and nothing reserved that
+        ``program`` fits, when it shares ``home`` with others and no turn waits for room
+        (an empty rank is theirs first); the lowest such rank (None: stay home)."""
+        if not self.params.leave_for_empty_rank or self._deferred:
             return None
         table, capacity = self.table, self.capacity
         if len(table.members(home)) < 2:
             return None
-        waiting = {p.worker for p in self._deferred.values()}
         need = program.tokens + self.params.buffer_per_program
         for rank, cap in sorted(capacity.known.items()):
             if (rank != home and capacity.is_live(rank) and not table.members(rank)
-                    and rank not in waiting and not capacity.reserved(rank)
+                    and not capacity.reserved(rank)
                     and need <= cap * self.params.pause_threshold):
                 return rank
         return None
 
     def _release(self, program: Program, request: TrackedRequest, worker: WorkerKey | None,
-                 now: float, d: Decisions, *, resumed: bool = False) -> None:
-        """Admit ``request`` to ``worker`` (None: any); ``resumed``: with its program's resume."""
+                 now: float, d: Decisions, *, resumed: bool = False,
+                 why: str | None = None) -> None:
+        """Admit ``request`` to ``worker`` (None: any); ``resumed``: with its program's resume;
+        ``why``: the reason of a release (and move) the cases below do not name."""
         waited = 0.0 if program.deferred_since is None else now - program.deferred_since
-        if worker is None:
+        if why is not None:
+            reason = why
+        elif worker is None:
             reason = "no_capacity_known"
         elif resumed:
             reason = "resumed"
@@ -396,7 +404,7 @@ class Scheduler:
         if program.active_since is None:
             program.active_since = now
         if worker is not None and worker != program.worker:
-            self._move(program, worker, d, "resume" if resumed else "placed")
+            self._move(program, worker, d, why or ("resume" if resumed else "placed"))
         d.released.append(Release(request.request_id, worker))
         _step(d, EventKind.ADMITTED, program, worker, reason, waited)
         if self.params.concurrent_turns == "alongside":

@@ -68,7 +68,7 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("program_resumes_total", "counter", ("reason",),
      "Programs resumed: reason room (planned), resume_timeout (forced)."),
     ("program_moves_total", "counter", ("reason",),
-     "Programs whose worker/rank changed: resume, served_elsewhere, placed."),
+     "Programs whose worker/rank changed: resume, served_elsewhere, placed, empty_rank."),
     ("program_expiries_total", "counter", ("reason",),
      "Idle programs removed past session_retention_seconds."),
     ("program_evictions_total", "counter", ("reason",),
@@ -76,7 +76,8 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("program_ends_total", "counter", ("reason",),
      "Programs removed at their session-final request, or rolled back."),
     ("turns_admitted_total", "counter", ("reason",),
-     "Turns released to a worker/rank: sticky, placed, resumed, no_capacity_known."),
+     "Turns released to a worker/rank: sticky, placed, resumed, no_capacity_known, "
+     "empty_rank."),
     ("turns_deferred_total", "counter", ("reason",),
      "Turns held back because their program is paused."),
     ("rejections_total", "counter", ("reason",),

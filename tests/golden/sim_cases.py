@@ -63,6 +63,10 @@ def _cases() -> dict[str, list[str]]:
         cases[f"calibrated-background-{ablation}"] = [
             *background, "--arms", "ours", "--policy",
             str(POLICIES / "ablations" / f"{ablation}.yaml")]
+    # A rollout (one batch run to its end), every arm, at 1x and 3x: its makespan and runs.
+    cases["rollout-agentic-code-arms"] = [
+        "--regime", "calibrated", "--workload", "agentic-code", "--agents", "5,14",
+        "--arms", ALL_ARMS, "--rollout"]
     return cases
 
 

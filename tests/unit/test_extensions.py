@@ -238,8 +238,10 @@ def test_extension_defaults_are_the_parity_behaviour() -> None:
     p = ThunderAgentParameters()
     assert (p.resume_on_events, p.pressure_decay, p.pause_order, p.shared_prefix_accounting,
             p.resume_affinity, p.max_wait_seconds, p.min_residency_seconds, p.placement,
-            p.idle_horizon_factor, p.pause_min_recompute_ratio, p.acting_hold_factor) == (
-        False, False, "smallest", False, False, None, 0.0, "least_used", None, None, None)
+            p.idle_horizon_factor, p.pause_min_recompute_ratio, p.acting_hold_factor,
+            p.leave_for_empty_rank) == (
+        False, False, "smallest", False, False, None, 0.0, "least_used", None, None, None,
+        False)
     assert WorkerKey(0) == W0
 
 
@@ -1116,3 +1118,45 @@ def test_sessionless_bookkeeping_ignores_repeats_and_unknown_ids_and_is_bounded(
     h.scheduler.sessionless_ended("c2", h.now)
     assert h.scheduler.capacity.known[W0] == 1_000 and not h.scheduler.snapshot(h.now)[
         "sessionless_tokens"]
+
+
+def test_a_program_sharing_its_rank_runs_on_a_rank_that_holds_no_program() -> None:
+    for leave, expected in ((False, W0), (True, W1)):
+        h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9,
+                 leave_for_empty_rank=leave)
+        h.workers({W0: 1_000, W1: 1_000})
+        h.acting_on("a", W0, 300)
+        h.acting_on("b", W0, 300)
+        h.acting_on("c", W1, 300)
+        h.final("c")  # W1 holds no program now; a and b share W0
+        moves = h.scheduler.counters["moves"]
+        rid, d = h.turn("b", 350)
+        released = d.outcome(rid)
+        assert isinstance(released, Release) and released.worker == expected
+        assert h.scheduler.table.programs["b"].worker == expected
+        assert h.scheduler.counters["empty_rank_moves"] == int(leave)
+        assert h.scheduler.counters["moves"] - moves == int(leave)
+    steps = [(e.kind.name, e.program, e.reason) for e in d.steps]
+    assert ("MOVED", "b", "empty_rank") in steps and ("ADMITTED", "b", "empty_rank") in steps
+
+
+@pytest.mark.parametrize("case", ["alone", "too_large", "someone_waits", "rank_holds_one"])
+def test_a_program_stays_home_unless_it_shares_it_and_an_empty_rank_fits_it(case: str) -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, leave_for_empty_rank=True)
+    h.workers({W0: 1_000, W1: 1_000})
+    h.acting_on("a", W0, 300)
+    if case != "alone":
+        h.acting_on("b", W0, 300)
+    if case == "someone_waits":
+        h.acting_on("c", W1, 900)
+        rid_w, d = h.turn("w", 600)  # fits no rank: paused, waiting for room
+        assert d.outcome(rid_w) is None
+        h.final("c")  # W1 now holds no program, but w waits for it
+        assert h.scheduler.table.programs["w"].lifecycle is Lifecycle.PAUSED
+    if case == "rank_holds_one":
+        h.acting_on("c", W1, 300)
+    tokens = 980 if case == "too_large" else 350  # past W1's threshold (0.95 x 1,000)
+    rid, d = h.turn("a", tokens)
+    released = d.outcome(rid)
+    assert isinstance(released, Release) and released.worker == W0, case
+    assert h.scheduler.counters["empty_rank_moves"] == 0
