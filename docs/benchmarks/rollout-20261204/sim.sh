@@ -2,7 +2,7 @@
 # Rollouts in the simulator: one batch of N agents run to its end, every shape, 1x and 3x the
 # KV capacity, three seeds; the batch's makespan and mean run time per arm, and ours against
 # stock. Usage: docs/benchmarks/rollout-20261204/sim.sh [CLAUDE_TRACE]  (a trace written by
-# `bench trace --from-kv-cache-tester`; its rows are skipped without it). About 2 minutes.
+# `bench trace --from-kv-cache-tester`; its rows are skipped without it). About a minute.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 claude=${1:-}
