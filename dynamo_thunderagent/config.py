@@ -251,11 +251,11 @@ class ThunderAgentParameters(_Strict):
     leave_for_empty_rank: bool = False
     """A program whose next turn arrives on a worker/rank it shares with other programs
     runs that turn on a live rank that holds no program at all (none assigned, nothing
-    reserved there), when one exists, the program fits it and no turn waits for room (an
-    empty rank is theirs first): its re-prefill there holds up nobody, and it and the
-    programs it leaves decode in smaller batches and no longer crowd one KV pool. The case
-    of a batch's tail, where the last agents share one rank while another has emptied.
-    Off: a continuing turn always runs where its program's cache is."""
+    reserved there), when one exists, the program fits it and no program is paused (an
+    empty rank is for paused programs first): its re-prefill there holds up nobody, and it
+    and the programs it leaves decode in smaller batches and no longer crowd one KV pool.
+    The case of a batch's tail, where the last agents share one rank while another has
+    emptied. Off: a continuing turn always runs where its program's cache is."""
     pause_rule: Literal["parity", "upstream"] = "parity"
     """Which pause rule relieves pressure (dynamo_thunderagent.pressure): the paper's
     (parity), or the upstream ThunderAgent proxy's, which marks every REASONING program

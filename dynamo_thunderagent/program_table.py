@@ -230,6 +230,10 @@ class ProgramTable:
             return 0
         return _shared_tokens(ledger, program.prefix)
 
+    def member_count(self, worker: WorkerKey) -> int:
+        """ACTIVE programs assigned to ``worker`` (no sort: for hot paths)."""
+        return len(self._members.get(worker, ()))
+
     def members(self, worker: WorkerKey) -> list[Program]:
         """ACTIVE programs assigned to ``worker``, in creation order."""
         return sorted(self._members.get(worker, {}).values(), key=lambda p: p.seq)

@@ -12,7 +12,7 @@ the resume planner (:mod:`~dynamo_thunderagent.resume`: who comes back, and
 where programs run). This module applies their plans and owns every state
 change, and says why it took each step where it takes it (``Decisions.steps``,
 ``Reject.limit``): only there is the reason known. It is longer than most
-(about 970 lines) because admission, the four lifecycle events and the tick are
+(about 1,000 lines) because admission, the four lifecycle events and the tick are
 one algorithm that reads best top to bottom (sessionless traffic's bookkeeping and the
 cache-loss verdicts it feeds included).
 The seams are rebuilt, and everything else kept, when a policy reload brings new
@@ -357,16 +357,17 @@ class Scheduler:
 
     def _empty_rank(self, program: Program, home: WorkerKey) -> WorkerKey | None:
         """``leave_for_empty_rank``: a live rank with no program and nothing reserved that
-        ``program`` fits, when it shares ``home`` with others and no turn waits for room
-        (an empty rank is theirs first); the lowest such rank (None: stay home)."""
-        if not self.params.leave_for_empty_rank or self._deferred:
-            return None
+        ``program`` fits, when it shares ``home`` with others and no program is paused (an
+        empty rank is for paused programs first, and a rank of paused ones only looks
+        empty); the lowest such rank (None: stay home). Counts only: every continuing
+        turn on a shared rank asks."""
         table, capacity = self.table, self.capacity
-        if len(table.members(home)) < 2:
+        if (not self.params.leave_for_empty_rank or table.any_paused
+                or table.member_count(home) < 2):
             return None
         need = program.tokens + self.params.buffer_per_program
         for rank, cap in sorted(capacity.known.items()):
-            if (rank != home and capacity.is_live(rank) and not table.members(rank)
+            if (rank != home and not table.member_count(rank)
                     and not capacity.reserved(rank)
                     and need <= cap * self.params.pause_threshold):
                 return rank

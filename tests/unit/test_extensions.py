@@ -1140,13 +1140,22 @@ def test_a_program_sharing_its_rank_runs_on_a_rank_that_holds_no_program() -> No
     assert ("MOVED", "b", "empty_rank") in steps and ("ADMITTED", "b", "empty_rank") in steps
 
 
-@pytest.mark.parametrize("case", ["alone", "too_large", "someone_waits", "rank_holds_one"])
+@pytest.mark.parametrize("case", ["alone", "too_large", "someone_waits", "rank_holds_one",
+                                  "rank_of_a_paused_program", "rank_reserved"])
 def test_a_program_stays_home_unless_it_shares_it_and_an_empty_rank_fits_it(case: str) -> None:
-    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, leave_for_empty_rank=True)
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, leave_for_empty_rank=True,
+             sessionless_kv="reserve")
     h.workers({W0: 1_000, W1: 1_000})
     h.acting_on("a", W0, 300)
     if case != "alone":
         h.acting_on("b", W0, 300)
+    if case == "rank_of_a_paused_program":
+        h.acting_on("c", W1, 800)
+        h.workers({W0: 1_000, W1: 700})  # W1 over its threshold: c pauses, W1 looks empty
+        assert h.tick().paused == ["c"]
+        h.workers({W0: 1_000, W1: 1_000})  # the rank c would resume into
+    if case == "rank_reserved":  # a request without a session id runs on W1
+        h.scheduler.sessionless_started("x", W1, 100, h.now)
     if case == "someone_waits":
         h.acting_on("c", W1, 900)
         rid_w, d = h.turn("w", 600)  # fits no rank: paused, waiting for room
