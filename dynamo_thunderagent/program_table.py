@@ -234,6 +234,11 @@ class ProgramTable:
         """ACTIVE programs assigned to ``worker`` (no sort: for hot paths)."""
         return len(self._members.get(worker, ()))
 
+    @property
+    def ranks_in_use(self) -> int:
+        """Workers/ranks with at least one ACTIVE program assigned."""
+        return len(self._members)
+
     def members(self, worker: WorkerKey) -> list[Program]:
         """ACTIVE programs assigned to ``worker``, in creation order."""
         return sorted(self._members.get(worker, {}).values(), key=lambda p: p.seq)

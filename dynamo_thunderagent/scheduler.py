@@ -359,19 +359,18 @@ class Scheduler:
         """``leave_for_empty_rank``: a live rank with no program and nothing reserved that
         ``program`` fits, when it shares ``home`` with others and no program is paused (an
         empty rank is for paused programs first, and a rank of paused ones only looks
-        empty); the lowest such rank (None: stay home). Counts only: every continuing
-        turn on a shared rank asks."""
+        empty); the lowest such rank (None: stay home). Every continuing turn asks, so it
+        scans the ranks only when one holds no program at all."""
         table, capacity = self.table, self.capacity
+        known = capacity.known
         if (not self.params.leave_for_empty_rank or table.any_paused
-                or table.member_count(home) < 2):
+                or table.ranks_in_use >= len(known) or table.member_count(home) < 2):
             return None
         need = program.tokens + self.params.buffer_per_program
-        for rank, cap in sorted(capacity.known.items()):
-            if (rank != home and not table.member_count(rank)
+        return min((rank for rank, cap in known.items()
+                    if rank != home and not table.member_count(rank)
                     and not capacity.reserved(rank)
-                    and need <= cap * self.params.pause_threshold):
-                return rank
-        return None
+                    and need <= cap * self.params.pause_threshold), default=None)
 
     def _release(self, program: Program, request: TrackedRequest, worker: WorkerKey | None,
                  now: float, d: Decisions, *, resumed: bool = False,

@@ -1169,3 +1169,14 @@ def test_a_program_stays_home_unless_it_shares_it_and_an_empty_rank_fits_it(case
     released = d.outcome(rid)
     assert isinstance(released, Release) and released.worker == W0, case
     assert h.scheduler.counters["empty_rank_moves"] == 0
+
+
+def test_of_several_empty_ranks_a_program_takes_the_lowest() -> None:
+    w2 = WorkerKey(2)
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, leave_for_empty_rank=True)
+    h.workers({w2: 1_000, W1: 1_000, W0: 1_000})
+    h.acting_on("a", W0, 300)
+    h.acting_on("b", W0, 300)
+    rid, d = h.turn("b", 350)
+    released = d.outcome(rid)
+    assert isinstance(released, Release) and released.worker == W1
