@@ -144,8 +144,8 @@ class SimFigures:
     # Other tenants' requests finished inside the window and their median latency; None
     # without background traffic.
     background: dict[str, Any] | None = None
-    # A rollout's batch: makespan_s (None: the cap cut it), runs (finished), run_mean_s and
-    # run_p90_s (their completion times); None in a closed-loop run.
+    # A rollout's batch: makespan_s (None: the cap cut it, or a run was lost), runs
+    # (finished), run_mean_s and run_p90_s (their completion times); None in a closed loop.
     rollout: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
