@@ -221,20 +221,23 @@ def batch_makespan(records: Sequence[RecordLike], agents: int) -> float | None:
     """When the last of a batch of ``agents`` agent runs ended (its session-final answered,
     or given up by the client), or None unless every one of them ran whole from its first
     turn and finished its turns."""
-    first: set[str] = set()
-    ends: list[float] = []
-    for r in records:
-        if r.parent_session_id is not None:
-            continue
-        if r.kind == "turn" and r.turn == 0:
-            first.add(r.session_id)
-        elif r.kind == "final" and r.session_id in first:
-            ends.append(r.end)
-    return max(ends) if len(ends) == agents and agents > 0 else None
+    runs = _whole_runs(records)
+    if agents < 1 or len(runs) != agents:
+        return None
+    return max(end for _, end in runs.values())
 
 
 def _agent_runs(records: Sequence[RecordLike]) -> dict[str, Any]:
     """Completion times of the agent runs that started at their first turn and finished."""
+    times = [end - start for start, end in _whole_runs(records).values()]
+    return {"agent_runs": len(times),
+            "agent_run_mean_s": sum(times) / len(times) if times else None,
+            "agent_run_p90_s": percentile(times, 0.90)}
+
+
+def _whole_runs(records: Sequence[RecordLike]) -> dict[str, tuple[float, float]]:
+    """``(first turn sent, session-final ended)`` of each agent run that started at its first
+    turn and finished (a warm-started one, which began mid-program, is left out)."""
     first: dict[str, tuple[int, float]] = {}
     finished: dict[str, float] = {}
     for r in records:
@@ -245,8 +248,5 @@ def _agent_runs(records: Sequence[RecordLike]) -> dict[str, Any]:
             first[r.session_id] = min((turn, start), (r.turn, r.start))
         elif r.kind == "final":
             finished[r.session_id] = r.end
-    times = [end - first[s][1] for s, end in finished.items()
-             if s in first and first[s][0] == 0]
-    return {"agent_runs": len(times),
-            "agent_run_mean_s": sum(times) / len(times) if times else None,
-            "agent_run_p90_s": percentile(times, 0.90)}
+    return {s: (first[s][1], end) for s, end in finished.items()
+            if s in first and first[s][0] == 0}

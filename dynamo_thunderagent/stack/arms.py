@@ -304,7 +304,7 @@ class OursArm(_RouterComponentArm):
     def policy_path(self, ctx: LaunchContext) -> Path | None:
         if ctx.router_cmd is not None:
             return None
-        return (ctx.policy or DEFAULT_POLICY).resolve()
+        return ctx.policy or DEFAULT_POLICY  # both absolute (LocalStack resolves it)
 
     def router(self, ctx: LaunchContext) -> RouterLaunch:
         router_endpoint = ctx.topology.router_endpoint or ""

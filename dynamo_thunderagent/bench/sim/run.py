@@ -229,7 +229,7 @@ def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
         "- workload: " + (f"trace {s.trace}" if s.trace else _describe_workload(s.workload))
         + f"; client overhead {s.client_overhead_s:g} s per turn",
         (f"- rollout: one batch of N agents started together, run to their end (capped at "
-         f"{s.window_s:g} s, simulated); steps/min over the batch's makespan"
+         f"{s.window_s:g} s, simulated); steps/min up to the batch's end"
          if s.rollout else
          f"- window: {s.window_s:g} s after {s.warmup_s:g} s warm-up (simulated)")
         + f"; ours: {spec.policy or DEFAULT_POLICY.name}; ttl-pinning TTL {spec.ttl_s:.2f} s",
