@@ -117,8 +117,8 @@ the ``*_max`` / ``*_max_s`` figures, their max; plus ``spread`` and ``by_n`` wit
 ``report["regimes"][regime]["arms"]`` the same per regime. Progress goes to stderr. Exit
 status: 0 when every run finished with zero errors, 1 otherwise, 2 for bad options.
 
-(This module is about 680 lines because this docstring, the command's reference, is about
-115 of them, and the sweep's run loop, the regime's preparation (policies on its clock) and
+(This module is about 710 lines because this docstring, the command's reference, is about
+125 of them, and the sweep's run loop, the regime's preparation (policies on its clock) and
 its command line belong together; the sweep plan,
 the figures and the report live in ``live_sweep``, ``live_report``, ``live_markdown`` and
 ``live_observer``.)
