@@ -234,3 +234,7 @@ class ProgramSnapshot:
     worker: WorkerKey | None
     acting_since: float | None
     prefix: PrefixBlocks
+    # What it expected cached on ``worker`` (Program's fields of the same names): a move
+    # or a release clears them, and an abort that sends it back restores them.
+    resident_prompt_tokens: int = 0
+    paused_prompt_tokens: int = 0

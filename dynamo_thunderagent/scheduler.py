@@ -313,7 +313,8 @@ class Scheduler:
         program.last_active = now
         request.state = RequestState.DEFERRED
         request.prior = ProgramSnapshot(program.tokens, program.worker, program.acting_since,
-                                        program.prefix)
+                                        program.prefix, program.resident_prompt_tokens,
+                                        program.paused_prompt_tokens)
         with self.table.changing(program):
             program.phase = Phase.REASONING
             program.tokens = request.input_tokens
@@ -562,14 +563,18 @@ class Scheduler:
         program.last_active = now
         prior = request.prior
         with self.table.changing(program):
-            self._to_acting(program, now)
             if prior is not None:  # the aborted turn left nothing in the cache
                 program.tokens = prior.tokens
                 program.prefix = prior.prefix
-                if prior.acting_since is not None:
-                    program.acting_since = prior.acting_since
                 if prior.worker is not None and self.capacity.is_live(prior.worker):
                     program.worker = prior.worker  # where its cache is
+                    # ... and what it expected there, which its release (and a move made
+                    # then) cleared. (A turn still deferred changed neither.)
+                    program.resident_prompt_tokens = prior.resident_prompt_tokens
+                    program.paused_prompt_tokens = prior.paused_prompt_tokens
+            self._to_acting(program, now)  # after: a yield clears what it expects
+            if prior is not None and prior.acting_since is not None:
+                program.acting_since = prior.acting_since
         self._pause_if_marked(program, now, d)
         self._advance(program, now, d)
         self._room_appeared(now, d)

@@ -614,6 +614,19 @@ def test_a_turn_that_fails_is_a_tool_boundary_for_yielding_too() -> None:
     assert h.scheduler.table.usage(W0) == 0
 
 
+def test_a_program_that_yields_at_a_failed_turn_expects_nothing_kept() -> None:
+    h = _yield_harness(1.0)
+    _back_from_a_tool(h, "slow", gap=2.0, tokens=900)  # short tools: it keeps its room
+    assert h.program("slow").resident_prompt_tokens == 900
+    h.advance(60.0)  # a long tool this time: expected back past the horizon
+    rid, _ = h.turn("slow", 950)
+    h.scheduler.sent(rid, W0, h.now)
+    h.abort(rid)
+    program = h.program("slow")
+    assert program.yielded and program.worker == W0
+    assert program.resident_prompt_tokens == 0  # the engine may evict what it yielded
+
+
 def test_a_program_marked_for_pause_that_yields_is_not_paused() -> None:
     h = _yield_harness(1.0)
     _back_from_a_tool(h, "slow", gap=15.0, tokens=900)

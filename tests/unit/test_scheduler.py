@@ -5,7 +5,7 @@ from __future__ import annotations
 from dynamo_thunderagent.program import Lifecycle, Phase, RequestState, WorkerKey
 from dynamo_thunderagent.scheduler import Reject, Release
 
-from .conftest import W0, W1, W2, Harness, make
+from .conftest import W0, W1, W2, Harness, make, waiting_turn_on_w0
 
 
 def released_to(d, rid):  # type: ignore[no-untyped-def]
@@ -366,6 +366,36 @@ def test_an_aborted_turn_restores_the_program_as_it_was_before_the_turn(h: Harne
     assert (program.phase, program.tokens, program.worker) == (Phase.ACTING, 320, W0)
     assert program.acting_since == acting_since
     assert h.scheduler.table.usage(W0) == 320 and h.scheduler.table.usage(W1) == 0
+
+
+def test_after_an_aborted_move_the_next_turn_home_expects_its_cache_there(h: Harness) -> None:
+    h.workers({W0: 10_000, W1: 10_000})
+    h.acting_on("a", W0, 320)
+    rid, _ = h.turn("a", 900)
+    assert h.scheduler.table.requests[rid].expected_cached == 320
+    h.scheduler.sent(rid, W1, h.now)  # moved with its turn: nothing expected on W1
+    assert h.program("a").resident_prompt_tokens == 0
+    h.abort(rid)  # back on W0, where its last prompt still is
+    rid, d = h.turn("a", 1_000)
+    assert released_to(d, rid) == W0
+    assert h.scheduler.table.requests[rid].expected_cached == 320
+
+
+def test_after_an_aborted_resumed_turn_the_next_one_still_measures_the_pause() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, pause_target=0.9)
+    rid = waiting_turn_on_w0(h)  # "small" paused with 1,000 tokens of prompt on W0
+    assert h.program("small").paused_prompt_tokens == 1_000
+    b_turn = h.program("b").current
+    assert b_turn is not None
+    h.complete(b_turn, 5_500)
+    h.final("b")
+    h.tick()  # room: "small" resumes home with its waiting turn
+    assert h.program("small").lifecycle is Lifecycle.ACTIVE
+    assert h.scheduler.table.requests[rid].expected_after_pause == 1_000
+    h.abort(rid)
+    rid, d = h.turn("small", 1_300)
+    assert released_to(d, rid) == W0
+    assert h.scheduler.table.requests[rid].expected_after_pause == 1_000
 
 
 def test_a_prompt_larger_than_every_worker_is_rejected_at_once(h: Harness) -> None:
