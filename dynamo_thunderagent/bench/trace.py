@@ -86,28 +86,29 @@ class TraceSession:
     system_tokens: int | None = None
 
 
+def nonnegative(value: Any, name: str, what: str = "a number", *, whole: bool = False) -> float:
+    """``value`` as a finite number >= 0 (``whole``: with no fractional part), else a
+    ValueError saying that ``name`` must be ``what`` >= 0 and what it got. A bool is not a
+    number here. Both trace readers (this one and trace_import's) check numbers with it."""
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or value < 0
+            or (whole and not float(value).is_integer())):
+        raise ValueError(f"{name} must be {what} >= 0, got {value!r}")
+    return float(value)
+
+
 def _count(row: Mapping[str, Any], name: str, *, optional: bool = False) -> int | None:
     value = row.get(name)
     if value is None:
         if optional:
             return None
         raise ValueError(f"missing field {name!r}")
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or (isinstance(value, float) and not value.is_integer())):
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-    return int(value)
+    return int(nonnegative(value, name, "a whole number", whole=True))
 
 
 def _seconds(row: Mapping[str, Any], name: str) -> float | None:
     value = row.get(name)
-    if value is None:
-        return None
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not math.isfinite(value) or value < 0):
-        raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
-    return float(value)
+    return None if value is None else nonnegative(value, name, "a number of seconds")
 
 
 def is_session_id(value: Any) -> bool:

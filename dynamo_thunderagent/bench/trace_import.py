@@ -34,12 +34,11 @@ How a conversation maps (pure functions; reading the files is the caller's):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from dynamo_thunderagent.bench.trace import COMPACTION_SHRINK, is_session_id
+from dynamo_thunderagent.bench.trace import COMPACTION_SHRINK, is_session_id, nonnegative
 
 # The longest wait between two calls that a replay keeps (issue 11's long sessions: tool
 # or human time, capped at 60 s).
@@ -227,17 +226,13 @@ def _number(doc: Mapping[str, Any], name: str, where: str,
         if default is None:
             raise ValueError(f"{where}: missing field {name!r}")
         return default
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not math.isfinite(value) or value < 0):
-        raise ValueError(f"{where}: {name} must be a number >= 0, got {value!r}")
-    return float(value)
+    return nonnegative(value, f"{where}: {name}")
 
 
 def _whole(doc: Mapping[str, Any], name: str, where: str) -> int:
-    value = _number(doc, name, where)
-    if not value.is_integer():
-        raise ValueError(f"{where}: {name} must be a whole number of tokens, got {value!r}")
-    return int(value)
+    _field(doc, name, where)
+    return int(nonnegative(doc[name], f"{where}: {name}", "a whole number of tokens",
+                           whole=True))
 
 
 def import_rows(
