@@ -94,7 +94,8 @@ Definitions of the figures (per run; see ``bench/metrics.py``)
   (whole KV blocks), over the whole run.
 * ``pauses`` / ``resumes`` / ``moves`` / ``forced_resumes``: ours from ``/state`` counters;
   dynamo-python from its router log (pauses and resumes; moves None); builtin and stock None
-  (not exposed).
+  (not exposed). Ours' row also keeps, under ``scheduler.counters``, every counter of its
+  scheduler at the end (what each mechanism did: ``empty_rank_moves``, ``priced_moves``, ...).
 * ``paused_mean`` / ``paused_max``: programs paused, time-weighted over the steady window:
   ours by polling ``/state`` every second, dynamo-python from the paused count in its log
   lines, builtin from its scheduler's state-change debug lines (``DYN_LOG`` is raised to

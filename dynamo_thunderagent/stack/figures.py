@@ -57,6 +57,9 @@ def scheduler_figures(state: dict[str, Any]) -> dict[str, Any]:
         "engine_costs": scheduler.get("costs"),
         "acting_hold_seconds": scheduler.get("acting_hold_seconds"),
         "acting_yield_seconds": scheduler.get("acting_yield_seconds"),
+        # Every counter of the scheduler at the end, the ones above included: what each
+        # mechanism did in the run (empty_rank_moves, priced_moves, held_home, ...).
+        "counters": dict(counters),
     }
 
 

@@ -217,6 +217,7 @@ def test_our_routers_figures_carry_the_release_counter_and_the_cache_loss() -> N
     assert got["pauses"] == 4 and got["released_evicting"] == 3
     assert (got["aging_pauses"], got["aging_marks"], got["aging_marks_cleared"]) == (2, 1, 1)
     assert got["cache_loss"] == {"0/0": {"cache_loss_ratio": 0.7, "turns": 12}}
+    assert got["counters"]["aging_marks_cleared"] == 1  # every counter, as the router has it
     assert figures.scheduler_figures({})["released_evicting"] == 0  # an older router
     assert figures.scheduler_figures({})["aging_pauses"] == 0
 
