@@ -568,10 +568,12 @@ class Scheduler:
                 program.prefix = prior.prefix
                 if prior.worker is not None and self.capacity.is_live(prior.worker):
                     program.worker = prior.worker  # where its cache is
-                    # ... and what it expected there, which its release (and a move made
-                    # then) cleared. (A turn still deferred changed neither.)
-                    program.resident_prompt_tokens = prior.resident_prompt_tokens
-                    program.paused_prompt_tokens = prior.paused_prompt_tokens
+                    if program.lifecycle is Lifecycle.ACTIVE:
+                        # ... and what it expected there, which its release (and a move
+                        # made then) cleared. Paused since (its turn deferred), the pause
+                        # has set both as they stand.
+                        program.resident_prompt_tokens = prior.resident_prompt_tokens
+                        program.paused_prompt_tokens = prior.paused_prompt_tokens
             self._to_acting(program, now)  # after: a yield clears what it expects
             if prior is not None and prior.acting_since is not None:
                 program.acting_since = prior.acting_since

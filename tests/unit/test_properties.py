@@ -655,6 +655,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self.table.programs.get(sid) is program
 
     @invariant()
+    def nothing_is_expected_cached_for_a_program_that_gave_its_room_up(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        # A paused or yielded program's cache may be evicted: its next turn must not count
+        # a miss of it as the engine's loss (cache_loss.py).
+        for sid, program in self.table.programs.items():
+            if program.lifecycle is Lifecycle.PAUSED or program.yielded:
+                assert program.resident_prompt_tokens == 0, (
+                    sid, program.lifecycle, program.yielded, program.resident_prompt_tokens)
+
+    @invariant()
     def deferral_is_bounded_while_a_worker_is_live(self) -> None:
         if not hasattr(self, "scheduler") or self.live_since is None:
             return

@@ -398,6 +398,21 @@ def test_after_an_aborted_resumed_turn_the_next_one_still_measures_the_pause() -
     assert h.scheduler.table.requests[rid].expected_after_pause == 1_000
 
 
+def test_an_aborted_deferred_turn_leaves_its_paused_program_expecting_nothing_resident(
+        h: Harness) -> None:
+    h.workers({W0: 1_000, W1: 1_000})
+    h.acting_on("a", W0, 300)
+    h.acting_on("b", W1, 900)
+    h.workers({W1: 1_000}, live={1})  # W0 leaves; its programs are not unassigned until a tick
+    rid, d = h.turn("a", 400)  # no room anywhere: paused, what it left on W0 remembered
+    assert d.outcome(rid) is None and h.program("a").lifecycle is Lifecycle.PAUSED
+    h.workers({W0: 1_000, W1: 1_000})  # W0 is back before the turn gives up
+    h.abort(rid)
+    program = h.program("a")
+    assert (program.lifecycle, program.worker) == (Lifecycle.PAUSED, W0)
+    assert (program.resident_prompt_tokens, program.paused_prompt_tokens) == (0, 300)
+
+
 def test_a_prompt_larger_than_every_worker_is_rejected_at_once(h: Harness) -> None:
     h.workers({W0: 4_096, W1: 2_048})
     rid, d = h.turn("huge", 5_000)
