@@ -218,7 +218,8 @@ class TrackedRequest:
     released_at: float | None = None
     # The program as it was before this turn started, restored if the turn aborts: an
     # aborted turn put nothing new in the cache, so it must not leave its prompt size,
-    # a move made at release or a reset tool clock behind.
+    # a move made at release, a reset tool clock or a cleared expectation of its cache
+    # behind (a pause or a lost worker while the turn is out rewrites the expectation).
     prior: ProgramSnapshot | None = None
     # Prefix tokens the engine should still hold for this turn (its program's last prompt,
     # when it runs where that ran and was not paused since; 0: none); see cache_loss.py.

@@ -32,6 +32,7 @@ Invariants the property tests check after every step:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from dynamo_thunderagent.cache_loss import (
     KEEPS_PAUSED_MIN_RESUMES,
@@ -568,12 +569,10 @@ class Scheduler:
                 program.prefix = prior.prefix
                 if prior.worker is not None and self.capacity.is_live(prior.worker):
                     program.worker = prior.worker  # where its cache is
-                    if program.lifecycle is Lifecycle.ACTIVE:
-                        # ... and what it expected there, which its release (and a move
-                        # made then) cleared. Paused since (its turn deferred), the pause
-                        # has set both as they stand.
-                        program.resident_prompt_tokens = prior.resident_prompt_tokens
-                        program.paused_prompt_tokens = prior.paused_prompt_tokens
+                    # ... and what it expected there, which its release (and a move made
+                    # then) cleared; a pause or a lost worker since rewrote the snapshot.
+                    program.resident_prompt_tokens = prior.resident_prompt_tokens
+                    program.paused_prompt_tokens = prior.paused_prompt_tokens
             self._to_acting(program, now)  # after: a yield clears what it expects
             if prior is not None and prior.acting_since is not None:
                 program.acting_since = prior.acting_since
@@ -678,6 +677,7 @@ class Scheduler:
         if program.resident_prompt_tokens:
             program.paused_prompt_tokens = program.resident_prompt_tokens
         program.resident_prompt_tokens = 0  # the engine may now evict it
+        self._expected_since(program)
         program.marked_for_pause = program.marked_for_aged = False
         program.active_since = None
         program.pauses += 1
@@ -686,6 +686,15 @@ class Scheduler:
             self._deferred[program.session_id] = program
         d.paused.append(program.session_id)
         _step(d, EventKind.PAUSED, program, program.worker, reason.value)
+
+    def _expected_since(self, program: Program) -> None:
+        """What ``program`` expects cached changed while its turn is out (a pause, its
+        worker gone): an abort of that turn restores this, not what held before it."""
+        request = None if program.current is None else self.table.requests.get(program.current)
+        if request is not None and request.prior is not None:
+            request.prior = replace(request.prior,
+                                    resident_prompt_tokens=program.resident_prompt_tokens,
+                                    paused_prompt_tokens=program.paused_prompt_tokens)
 
     def _resume(self, program: Program, worker: WorkerKey | None, now: float,
                 d: Decisions, *, forced: bool = False, evicting: bool = False) -> None:
@@ -809,6 +818,7 @@ class Scheduler:
                     program.worker = None
                 # Its cache left with the worker: nothing is expected anywhere else.
                 program.resident_prompt_tokens = program.paused_prompt_tokens = 0
+                self._expected_since(program)
                 d.unassigned.append(program.session_id)
             held += program.tokens
         if self.host_tier is not None:

@@ -413,6 +413,38 @@ def test_an_aborted_deferred_turn_leaves_its_paused_program_expecting_nothing_re
     assert (program.resident_prompt_tokens, program.paused_prompt_tokens) == (0, 300)
 
 
+def test_an_abort_after_a_pause_and_resume_keeps_what_the_pause_left(h: Harness) -> None:
+    h.workers({W0: 1_000, W1: 1_000})
+    h.acting_on("a", W0, 300)
+    h.acting_on("b", W1, 900)
+    h.workers({W1: 1_000}, live={1})  # W0 leaves: "a"'s next turn finds no room and pauses
+    rid, _ = h.turn("a", 400)
+    h.workers({W0: 1_000, W1: 1_000})
+    h.tick()  # W0 is back: "a" resumes there with its turn
+    assert h.scheduler.table.requests[rid].expected_after_pause == 300
+    h.abort(rid)
+    assert (h.program("a").resident_prompt_tokens, h.program("a").paused_prompt_tokens) == (
+        0, 300)  # paused since its last turn: nothing counts as the engine's own loss
+    rid, d = h.turn("a", 450)
+    assert released_to(d, rid) == W0
+    request = h.scheduler.table.requests[rid]
+    assert (request.expected_cached, request.expected_after_pause) == (0, 300)
+
+
+def test_an_abort_after_its_worker_was_lost_expects_nothing_cached_there(h: Harness) -> None:
+    h.workers({W0: 1_000, W1: 1_000})
+    h.acting_on("a", W0, 300)
+    rid, d = h.turn("a", 400)
+    assert released_to(d, rid) == W0
+    h.workers({W1: 1_000}, live={1})
+    h.tick()  # W0 is gone, and its cache with it
+    assert h.program("a").worker is None
+    h.workers({W0: 1_000, W1: 1_000})  # a worker under the same id, started afresh
+    h.abort(rid)
+    assert h.program("a").worker == W0
+    assert (h.program("a").resident_prompt_tokens, h.program("a").paused_prompt_tokens) == (0, 0)
+
+
 def test_a_prompt_larger_than_every_worker_is_rejected_at_once(h: Harness) -> None:
     h.workers({W0: 4_096, W1: 2_048})
     rid, d = h.turn("huge", 5_000)
