@@ -87,14 +87,22 @@ class TraceSession:
 
 
 def nonnegative(value: Any, name: str, what: str = "a number", *, whole: bool = False) -> float:
-    """``value`` as a finite number >= 0 (``whole``: with no fractional part), else a
-    ValueError saying that ``name`` must be ``what`` >= 0 and what it got. A bool is not a
+    """``value`` if it is a number >= 0, else a ValueError saying that ``name`` must be
+    ``what`` >= 0 and what it got. ``whole``: no fractional part, and an int comes back as
+    it is, however large; otherwise the number must be a finite float. A bool is not a
     number here. Both trace readers (this one and trace_import's) check numbers with it."""
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not math.isfinite(value) or value < 0
-            or (whole and not float(value).is_integer())):
-        raise ValueError(f"{name} must be {what} >= 0, got {value!r}")
-    return float(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if whole and isinstance(value, int):
+            if value >= 0:
+                return value
+        else:
+            try:
+                number = float(value)
+            except OverflowError:  # an int too large for a float
+                number = math.inf
+            if math.isfinite(number) and number >= 0 and (not whole or number.is_integer()):
+                return number
+    raise ValueError(f"{name} must be {what} >= 0, got {value!r}")
 
 
 def _count(row: Mapping[str, Any], name: str, *, optional: bool = False) -> int | None:

@@ -219,20 +219,18 @@ def _field(doc: Mapping[str, Any], name: str, where: str) -> Any:
     return doc[name]
 
 
-def _number(doc: Mapping[str, Any], name: str, where: str,
-            default: float | None = None) -> float:
+def _number(doc: Mapping[str, Any], name: str, where: str, default: float | None = None,
+            what: str = "a number", *, whole: bool = False) -> float:
     value = doc.get(name)
     if value is None:  # absent, or null
         if default is None:
             raise ValueError(f"{where}: missing field {name!r}")
         return default
-    return nonnegative(value, f"{where}: {name}")
+    return nonnegative(value, f"{where}: {name}", what, whole=whole)
 
 
 def _whole(doc: Mapping[str, Any], name: str, where: str) -> int:
-    _field(doc, name, where)
-    return int(nonnegative(doc[name], f"{where}: {name}", "a whole number of tokens",
-                           whole=True))
+    return int(_number(doc, name, where, what="a whole number of tokens", whole=True))
 
 
 def import_rows(

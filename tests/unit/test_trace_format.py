@@ -158,6 +158,7 @@ def test_an_inconsistent_trace_names_the_session_and_what_is_wrong(
         (_row("a", 1, True), r"input_tokens must be a whole number >= 0, got True"),
         (_row("a", 1, 10, tool=-1), r"tool_seconds must be a number of seconds >= 0"),
         (_row("a", 1, 10, tool="slow"), r"tool_seconds must be a number of seconds >= 0"),
+        (_row("a", 1, 10, tool=10**400), r"tool_seconds must be a number of seconds >= 0"),
         (_row("a", 1, 10, compaction="yes"), r"compaction must be true or false"),
         (_row("a", 1, 10, parent_session_id=""), r"parent_session_id must be a non-empty"),
         (_row("a", 1, 10, parent_session_id=True), r"parent_session_id must be a non-empty"),

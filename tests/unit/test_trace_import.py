@@ -107,6 +107,7 @@ def test_the_parent_waits_only_for_the_subagents_that_run() -> None:
         ({"id": "", "requests": []}, r"the conversation's id must be a non-empty string, got ''"),
         ({"id": "x", "requests": [3]}, r"x: every request must be an object"),
         (_conversation([{"t": 0, "out": 5}]), r"c1: missing field 'in'"),
+        (_conversation([{"t": 0, "in": None, "out": 5}]), r"c1: missing field 'in'"),
         (_conversation([_call(0, -3, 5, 0)]), r"c1: in must be a whole number of tokens >= 0, "
                                               r"got -3"),
         (_conversation([_call(0, 2.5, 5, 0)]), r"c1: in must be a whole number of tokens >= 0, "
