@@ -398,29 +398,30 @@ def test_after_an_aborted_resumed_turn_the_next_one_still_measures_the_pause() -
     assert h.scheduler.table.requests[rid].expected_after_pause == 1_000
 
 
-def test_an_aborted_deferred_turn_leaves_its_paused_program_expecting_nothing_resident(
-        h: Harness) -> None:
+def _paused_while_w0_was_away(h: Harness) -> str:
+    """"a" (300 tokens, last run on W0) has a turn waiting, paused, because W0 left before a
+    tick unassigned it and W1 has no room; W0 is back. Returns the waiting turn's id."""
     h.workers({W0: 1_000, W1: 1_000})
     h.acting_on("a", W0, 300)
     h.acting_on("b", W1, 900)
-    h.workers({W1: 1_000}, live={1})  # W0 leaves; its programs are not unassigned until a tick
+    h.workers({W1: 1_000}, live={1})
     rid, d = h.turn("a", 400)  # no room anywhere: paused, what it left on W0 remembered
     assert d.outcome(rid) is None and h.program("a").lifecycle is Lifecycle.PAUSED
-    h.workers({W0: 1_000, W1: 1_000})  # W0 is back before the turn gives up
-    h.abort(rid)
+    h.workers({W0: 1_000, W1: 1_000})
+    return rid
+
+
+def test_an_aborted_deferred_turn_leaves_its_paused_program_expecting_nothing_resident(
+        h: Harness) -> None:
+    h.abort(_paused_while_w0_was_away(h))  # before its turn is let in
     program = h.program("a")
     assert (program.lifecycle, program.worker) == (Lifecycle.PAUSED, W0)
     assert (program.resident_prompt_tokens, program.paused_prompt_tokens) == (0, 300)
 
 
 def test_an_abort_after_a_pause_and_resume_keeps_what_the_pause_left(h: Harness) -> None:
-    h.workers({W0: 1_000, W1: 1_000})
-    h.acting_on("a", W0, 300)
-    h.acting_on("b", W1, 900)
-    h.workers({W1: 1_000}, live={1})  # W0 leaves: "a"'s next turn finds no room and pauses
-    rid, _ = h.turn("a", 400)
-    h.workers({W0: 1_000, W1: 1_000})
-    h.tick()  # W0 is back: "a" resumes there with its turn
+    rid = _paused_while_w0_was_away(h)
+    h.tick()  # "a" resumes on W0 with its turn
     assert h.scheduler.table.requests[rid].expected_after_pause == 300
     h.abort(rid)
     assert (h.program("a").resident_prompt_tokens, h.program("a").paused_prompt_tokens) == (
