@@ -170,6 +170,9 @@ class ThunderAgentRouter:
         # worker that has left (stalls.py), and failover carries them on.
         self.stalls = StallWatch()
         self._card_keys: frozenset[WorkerKey] = frozenset()
+        # Live workers whose model card could not be read, with why: their capacity is
+        # unknown (GET /state ``unreadable_cards``; logged when the set changes).
+        self.unreadable_cards: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         # Workers serving under the workers' component/endpoint name in the router's own
         # namespace (``exposed_endpoint``): a frontend scoped to that namespace reaches them
@@ -581,8 +584,16 @@ class ThunderAgentRouter:
         live = self._live_ids()
         model_cards = self.cards.get_model_cards() if self.cards else {}
         self.stated_block_sizes = card_block_sizes(model_cards)
-        cards = capacity_cards(model_cards)
+        unreadable: dict[str, str] = {}
+        cards = capacity_cards(model_cards, unreadable)
         cards = {k: v for k, v in cards.items() if k.worker_id in live}
+        if unreadable != self.unreadable_cards:
+            for worker_id, why in sorted(unreadable.items()):
+                if self.unreadable_cards.get(worker_id) != why:
+                    log.warning("workers.card_unreadable", worker_id=worker_id, error=why,
+                                effect="this worker's KV capacity is unknown until its "
+                                       "card reads")
+            self.unreadable_cards = unreadable
         self.classifier.update_workers(live, cards)
         block_sizes = {card.block_size for card in cards.values()}
         if len(block_sizes) == 1:
@@ -681,6 +692,7 @@ class ThunderAgentRouter:
             "in_flight": len(self.in_flight) + self.passthrough_in_flight,
             "live_workers": sorted(self._live),
             "unreachable_workers": sorted(self._unreachable),
+            "unreadable_cards": dict(self.unreadable_cards),
             "exposed_workers": sorted(self._exposed),
             "exposed_endpoint": self.exposed_endpoint,
             "block_size": self.block_size,

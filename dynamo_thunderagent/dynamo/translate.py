@@ -296,27 +296,77 @@ class StreamTracker:
         return [self.terminal]
 
 
+# A worker's card naming more data-parallel ranks than this is not read: no deployment runs
+# that many, and each rank becomes a pool the scheduler tracks.
+MAX_DP_RANKS = 4096
+
+
 def capacity_cards(
     model_cards: Mapping[str, str | Mapping[str, Any]],
+    unreadable: dict[str, str] | None = None,
 ) -> dict[WorkerKey, CapacityCard]:
     """Capacity cards per worker/rank from the workers' published model cards.
 
     A card without ``total_kv_blocks`` (or with a non-positive block size)
-    contributes nothing: that worker is live but its capacity is unknown.
+    contributes nothing: that worker is live but its capacity is unknown. So does a
+    card that cannot be read (not JSON, not an object, a field that is not a whole
+    number in its range): it is left out, with why, in ``unreadable`` (worker id ->
+    reason) when given, and the other workers' cards still count.
     """
     cards: dict[WorkerKey, CapacityCard] = {}
     for worker_id, raw in model_cards.items():
-        card = json.loads(raw) if isinstance(raw, str) else raw
-        runtime = card.get("runtime_config") or {}
-        blocks = runtime.get("total_kv_blocks")
-        block_size = card.get("kv_cache_block_size")
-        if not blocks or not block_size or int(block_size) <= 0:
+        try:
+            found = _capacity_card(worker_id, raw)
+        except ValueError as error:
+            if unreadable is not None:
+                unreadable[str(worker_id)] = str(error)
             continue
-        start = int(runtime.get("data_parallel_start_rank") or 0)
-        size = max(1, int(runtime.get("data_parallel_size") or 1))
-        for rank in range(start, start + size):
-            cards[WorkerKey(int(worker_id), rank)] = CapacityCard(int(blocks), int(block_size))
+        cards.update(found)
     return cards
+
+
+def _capacity_card(worker_id: str, raw: str | Mapping[str, Any]) -> dict[WorkerKey, CapacityCard]:
+    """One worker's ranks and their card; ValueError says what cannot be read."""
+    wid = _whole(worker_id, "the worker id", 0)
+    card = json.loads(raw) if isinstance(raw, str) else raw  # JSONDecodeError is a ValueError
+    if not isinstance(card, Mapping):
+        raise ValueError(f"the model card is a JSON {type(card).__name__}, not an object")
+    runtime = card.get("runtime_config") or {}
+    if not isinstance(runtime, Mapping):
+        raise ValueError("runtime_config is not an object")
+    blocks = runtime.get("total_kv_blocks")
+    block_size = card.get("kv_cache_block_size")
+    if not blocks or not block_size:
+        return {}
+    blocks = _whole(blocks, "runtime_config.total_kv_blocks", 0)
+    block_size = _whole(block_size, "kv_cache_block_size", 0)
+    if blocks == 0 or block_size == 0:
+        return {}
+    start = _whole(runtime.get("data_parallel_start_rank") or 0,
+                   "runtime_config.data_parallel_start_rank", 0)
+    size = max(1, _whole(runtime.get("data_parallel_size") or 1,
+                         "runtime_config.data_parallel_size", 0))
+    if size > MAX_DP_RANKS:
+        raise ValueError(f"runtime_config.data_parallel_size must be at most {MAX_DP_RANKS}, "
+                         f"got {size}")
+    return {WorkerKey(wid, rank): CapacityCard(blocks, block_size)
+            for rank in range(start, start + size)}
+
+
+def _whole(value: Any, name: str, minimum: int) -> int:
+    """``value`` as a whole number >= ``minimum`` (an int, or a string of one); else
+    ValueError naming ``name``, what is allowed and what it got."""
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            number = None
+    if number is None or number < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r:.60}")
+    return number
 
 
 def worker_loads(

@@ -989,6 +989,29 @@ def test_refresh_workers_passes_live_ids_and_their_cards_to_the_classifier() -> 
     assert h.router.state()["live_workers"] == [B]
 
 
+def test_an_unreadable_card_does_not_stop_the_worker_watch() -> None:
+    from structlog.testing import capture_logs
+
+    h = Harness()
+    h.client.ids = [A, B, C]  # C joins with a good card while B's card cannot be read
+    h.cards.cards = {str(A): model_card(64), str(B): "[]", str(C): model_card(32)}
+    with capture_logs() as logs:
+        assert h.router.refresh_workers() is True
+        h.router.refresh_workers()  # the same bad card again: said once
+    known = h.classifier.scheduler.capacity.known
+    assert sorted(known) == [WorkerKey(A), WorkerKey(C)], "the watch froze"
+    why = "the model card is a JSON list, not an object"
+    assert h.router.state()["unreadable_cards"] == {str(B): why}
+    warned = [e for e in logs if e["event"] == "workers.card_unreadable"]
+    assert [(e["worker_id"], e["error"]) for e in warned] == [(str(B), why)]
+
+    h.client.ids = [C]  # A leaves: the scheduler still hears of it
+    h.cards.cards[str(B)] = model_card(16)  # and B's card reads again
+    h.router.refresh_workers()
+    assert sorted(h.classifier.scheduler.capacity.known) == [WorkerKey(C)]
+    assert h.router.state()["unreadable_cards"] == {}
+
+
 async def test_a_handler_cancelled_as_its_turn_is_admitted_does_not_strand_the_session() -> None:
     h = Harness()
     first, second = await _queued_behind_a_held_turn(h, FakeContext("r2"))

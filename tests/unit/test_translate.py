@@ -345,6 +345,39 @@ def test_cards_without_kv_blocks_or_block_size_contribute_no_capacity() -> None:
     assert list(cards) == [WorkerKey(6, 0)]
 
 
+@pytest.mark.parametrize(("raw", "why"), [
+    ("{not json", "Expecting property name"),
+    ("[]", "the model card is a JSON list, not an object"),
+    ("null", "the model card is a JSON NoneType, not an object"),
+    (json.dumps({"kv_cache_block_size": "16x", "runtime_config": {"total_kv_blocks": 9}}),
+     "kv_cache_block_size must be a whole number >= 0, got '16x'"),
+    (json.dumps({"kv_cache_block_size": -16, "runtime_config": {"total_kv_blocks": 9}}),
+     "kv_cache_block_size must be a whole number >= 0, got -16"),
+    (json.dumps({"kv_cache_block_size": 16, "runtime_config": {"total_kv_blocks": 9.5}}),
+     "runtime_config.total_kv_blocks must be a whole number >= 0, got 9.5"),
+    (json.dumps({"kv_cache_block_size": 16, "runtime_config": [9]}),
+     "runtime_config is not an object"),
+    (json.dumps(card(9, 16, dp_start=-1)),
+     "runtime_config.data_parallel_start_rank must be a whole number >= 0, got -1"),
+    (json.dumps(card(9, 16, dp_size=10**9)),
+     "runtime_config.data_parallel_size must be at most 4096, got 1000000000"),
+])
+def test_an_unreadable_card_is_left_out_with_why_and_the_others_still_count(
+        raw: str, why: str) -> None:
+    unreadable: dict[str, str] = {}
+    cards = capacity_cards({"7": raw, "8": json.dumps(card(64, 32))}, unreadable)
+    assert cards == {WorkerKey(8, 0): CapacityCard(64, 32)}
+    assert list(unreadable) == ["7"]
+    assert why in unreadable["7"]
+
+
+def test_a_worker_id_that_is_not_a_number_is_an_unreadable_card() -> None:
+    unreadable: dict[str, str] = {}
+    assert capacity_cards({"w1": card(), "3": card(8, 16)}, unreadable) == {
+        WorkerKey(3, 0): CapacityCard(8, 16)}
+    assert unreadable == {"w1": "the worker id must be a whole number >= 0, got 'w1'"}
+
+
 # ---- worker loads -------------------------------------------------------------------------
 def test_worker_loads_keep_live_workers_only_sorted_by_worker_and_rank() -> None:
     rows = [
