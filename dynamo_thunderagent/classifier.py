@@ -80,6 +80,18 @@ class AdmissionRejected(Exception):
         self.reason = reason
 
 
+class AdmissionLost(Exception):
+    """A request waited for admission and the scheduler no longer tracks it (a scheduler
+    step that raised part-way dropped it without deciding its outcome): it is not admitted,
+    and its client gets an error instead of waiting for ever."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"request {request_id}: the scheduler lost track of it while it "
+                         "waited for admission (a scheduler error: see the router's log for "
+                         "scheduler.tick_failed or a traceback); send it again")
+        self.request_id = request_id
+
+
 # ---- lifecycle events ------------------------------------------------------------
 @dataclass(frozen=True)
 class Sent:
@@ -162,6 +174,11 @@ class RequestClassifier(ABC):
 
     def sessionless_ended(self, request_id: str) -> None:
         """That request ended, whichever way."""
+
+    def reconcile(self) -> list[str]:
+        """Answer the admission waits that the classifier's own decisions left unanswered
+        (ids returned); a safety net, run by the shell after each tick."""
+        return []
 
     def admitted(self) -> Mapping[str, float]:
         """Requests admitted and not yet ended, with when (this classifier's clock).
@@ -292,9 +309,44 @@ class ThunderAgentClassifier(RequestClassifier):
                      forced=len(decisions.forced), waiting=len(self._waiters))
 
     def admitted(self) -> Mapping[str, float]:
+        # A released request whose waiter is still here is not the shell's to end: its
+        # handler was never told (reconcile answers it).
         return {rid: request.released_at
                 for rid, request in self.scheduler.table.requests.items()
-                if request.state is RequestState.RELEASED and request.released_at is not None}
+                if request.state is RequestState.RELEASED and request.released_at is not None
+                and rid not in self._waiters}
+
+    def reconcile(self) -> list[str]:
+        """Between calls every waiter's request is one the scheduler holds back. A call that
+        raised part-way (its decisions never applied) can leave a waiter behind whose
+        request the scheduler released (it is sent to its program's worker/rank, as the
+        scheduler holds it) or no longer tracks (the wait fails with AdmissionLost, so the
+        client gets an error, not a wait that never ends)."""
+        requests = self.scheduler.table.requests
+        answered = []
+        for request_id, waiter in list(self._waiters.items()):
+            request = requests.get(request_id)
+            if request is not None and request.state is not RequestState.RELEASED:
+                continue  # still held back, as the scheduler knows
+            del self._waiters[request_id]
+            answered.append(request_id)
+            if waiter.done():
+                continue
+            if request is None:
+                waiter.set_exception(AdmissionLost(request_id))
+                log.error("request.wait_lost", request_id=request_id,
+                          effect="the scheduler no longer tracks it; its client gets an error")
+            else:
+                program = self.scheduler.table.programs.get(request.session_id)
+                worker = program.worker if program is not None else None
+                # Admitted now, as far as the shell can tell: the reaper gives its handler
+                # the usual time to forward it.
+                request.released_at = self.clock()
+                waiter.set_result(Release(request_id, worker))
+                log.error("request.release_recovered", request_id=request_id,
+                          worker=str(worker), effect="released by the scheduler, its handler "
+                                                     "never told; sent now")
+        return answered
 
     def snapshot(self) -> dict[str, Any]:
         state = self.scheduler.snapshot(self.clock())

@@ -36,6 +36,7 @@ import structlog
 from dynamo_thunderagent.classifier import (
     Aborted,
     Admission,
+    AdmissionLost,
     AdmissionRejected,
     ClassifyRequest,
     Completed,
@@ -224,6 +225,9 @@ class ThunderAgentRouter:
             if not ended:
                 self.stats.cancelled += 1
             raise
+        except AdmissionLost as error:  # reconcile's answer: ended by the safety net
+            self.stats.orphans += 1
+            raise RuntimeError(str(error)) from None
         except AdmissionRejected as rejected:
             self.stats.rejected += 1
             raise _client_error(
@@ -652,11 +656,23 @@ class ThunderAgentRouter:
         while True:
             # Read each time: a policy reload may change the interval.
             await asyncio.sleep(self.classifier.tick_interval or interval)
+            self.tick_once()
+
+    def tick_once(self) -> None:
+        """The scheduler's tick, then the safety nets: waits its decisions left unanswered
+        (``reconcile``), then admitted requests nothing forwards (``reap_orphans``). Each
+        runs whatever the one before raised: a bug must not stop scheduling, nor the nets
+        that catch what a bug left behind."""
+        steps: tuple[tuple[str, Callable[[], object]], ...] = (
+            ("scheduler.tick_failed", self.classifier.tick),
+            ("scheduler.reconcile_failed", self.classifier.reconcile),
+            ("router.reap_failed", self.reap_orphans),
+        )
+        for failed, step in steps:
             try:
-                self.classifier.tick()
-                self.reap_orphans()
-            except Exception as error:  # a bug must not stop scheduling
-                log.exception("scheduler.tick_failed", error=repr(error))
+                step()
+            except Exception as error:
+                log.exception(failed, error=repr(error))
 
     def reap_orphans(self) -> list[str]:
         """End admitted requests that nothing forwards (ids returned); see ORPHAN_SECONDS."""

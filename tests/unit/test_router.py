@@ -26,7 +26,7 @@ from dynamo_thunderagent.classifier import (
 )
 from dynamo_thunderagent.config import ThunderAgentParameters, ThunderAgentSelectorParameters
 from dynamo_thunderagent.dynamo.router import FAILOVER_LIMIT, ThunderAgentRouter
-from dynamo_thunderagent.program import Lifecycle, Phase, WorkerKey
+from dynamo_thunderagent.program import Lifecycle, Phase, RequestState, WorkerKey
 from dynamo_thunderagent.selector import ThunderAgentSelector
 
 A, B, C = 11, 22, 33  # worker instance ids
@@ -1048,6 +1048,50 @@ async def test_an_admitted_request_that_nothing_forwards_is_ended_by_the_safety_
     chunks = await collect(h.router, turn("s"), "next")  # the session is not stuck
     assert chunks[-1]["finish_reason"] == "length"
     assert h.router.reap_orphans() == []  # forwarded requests are never reaped
+
+
+async def test_a_release_whose_decisions_were_never_applied_is_sent_by_the_next_tick() -> None:
+    h = Harness()
+    first, second = await _queued_behind_a_held_turn(h, FakeContext("r2"))
+    # A scheduler call whose decisions never reach the classifier (as when it raises after
+    # releasing): r2 is released in the table, its handler is never told.
+    h.classifier.scheduler.completed("r1", 20, h.clock.now)
+    assert h.classifier.scheduler.table.requests["r2"].state is RequestState.RELEASED
+    h.clock.now += 60
+    assert "r2" not in h.classifier.admitted(), "its handler waits: not the reaper's"
+    h.kv.hold.set()
+    await asyncio.wait_for(first, 5)
+    h.router.tick_once()
+    chunks = await asyncio.wait_for(second, 5)
+    assert chunks[-1]["finish_reason"] == "length"  # served, on the program's rank
+    assert h.router.stats.orphans == 0
+    assert h.classifier.scheduler.table.requests == {}
+    assert h.classifier.deferred_requests == 0
+
+
+async def test_a_wait_the_scheduler_lost_fails_with_why_even_when_the_tick_raises() -> None:
+    h = Harness()
+    first, second = await _queued_behind_a_held_turn(h, FakeContext("r2"))
+    # A scheduler step that raised part-way dropped r2 without deciding its outcome.
+    program = h.program("s")
+    program.waiting.remove("r2")
+    del h.classifier.scheduler.table.requests["r2"]
+
+    def broken_tick() -> None:
+        raise RuntimeError("a scheduler bug")
+
+    h.classifier.tick = broken_tick  # type: ignore[method-assign]
+    h.router.tick_once()  # the tick raises; the safety nets still run
+    with pytest.raises(RuntimeError, match="r2: the scheduler lost track of it while it "
+                                           "waited for admission"):
+        await asyncio.wait_for(second, 5)  # an error that says why, not a wait for ever
+    stats = h.router.stats
+    assert (stats.orphans, stats.rejected, stats.cancelled) == (1, 0, 0)
+    assert h.classifier.deferred_requests == 0
+    h.kv.hold.set()
+    await asyncio.wait_for(first, 5)
+    chunks = await asyncio.wait_for(collect(h.router, turn("s"), "r3"), 5)
+    assert chunks[-1]["finish_reason"] == "length"  # the session goes on
 
 
 async def test_an_engine_refusal_is_an_abort_and_the_client_gets_the_engines_reason() -> None:
