@@ -87,7 +87,8 @@ class PolicyReloader:
 
     def __init__(self, path: str | Path, catalog: Catalog, policy: ResolvedPolicy,
                  classifier: RequestClassifier, *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 seen: tuple[int, int, int] | None = None) -> None:
         self.path = str(path)
         self.catalog = catalog
         self.policy = policy
@@ -95,13 +96,14 @@ class PolicyReloader:
         self.clock = clock
         self.reloads: dict[str, int] = dict.fromkeys(RESULTS, 0)
         self.last: dict[str, Any] | None = None
-        # The file as last read (what `watch` compares with): taken now, as the running
-        # policy was read just before, and again at every reload.
-        self._seen = _signature(self.path)
+        # The file as last read (what `watch` compares with): ``seen``, taken before the
+        # running policy was read (serve reads it, then waits for workers: an edit made
+        # meanwhile is a change), else now; and again at every reload.
+        self._seen = seen if seen is not None else signature(self.path)
 
     def reload(self, trigger: str = "SIGHUP") -> ReloadPlan:
         """Read, validate and apply the policy file; the old policy stays on any failure."""
-        self._seen = _signature(self.path)
+        self._seen = signature(self.path)
         try:
             new = load_policy(self.path, self.catalog)
             check_policy(new)
@@ -141,12 +143,17 @@ class PolicyReloader:
         """Reload whenever the file changes (its size, modification time or inode)."""
         while True:
             await asyncio.sleep(interval)
-            now = _signature(self.path)
+            now = signature(self.path)
             if now != self._seen and now is not None:
-                self.reload(trigger="file changed")
+                try:
+                    self.reload(trigger="file changed")
+                except Exception as error:  # keep watching: the next edit may fix it
+                    log.exception("policy.reload_failed", source=self.path,
+                                  error=repr(error), kept="the running policy")
 
 
-def _signature(path: str) -> tuple[int, int, int] | None:
+def signature(path: str) -> tuple[int, int, int] | None:
+    """What tells one version of the file from another (None: it cannot be read)."""
     with contextlib.suppress(OSError):
         stat = os.stat(path)
         return stat.st_mtime_ns, stat.st_size, stat.st_ino

@@ -22,7 +22,7 @@ import structlog
 from dynamo_thunderagent.catalog import PluginError, default_catalog, load_policy
 from dynamo_thunderagent.config import PolicyError
 from dynamo_thunderagent.dynamo.block_size import await_block_size, mismatch, report
-from dynamo_thunderagent.dynamo.reload import check_policy
+from dynamo_thunderagent.dynamo.reload import check_policy, signature
 from dynamo_thunderagent.program_log import configure_logging
 
 log = structlog.get_logger("dynamo_thunderagent.serve")
@@ -102,6 +102,11 @@ def run_serve(args: argparse.Namespace) -> int:
     # Validate everything before touching the runtime: a bad policy stops
     # startup with the same message `validate` prints.
     catalog = default_catalog()
+    # From here on a SIGHUP is kept for the reloader (by default it would end the process,
+    # as for a script that edits the file and signals while the router restarts), and an
+    # edit to the file counts as a change for --watch-policy.
+    hangups = _keep_hangups()
+    seen = signature(str(args.router_policy_config))
     try:
         policy = load_policy(args.router_policy_config, catalog)
     except (PolicyError, PluginError) as error:
@@ -125,14 +130,31 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         import uvloop
 
-        uvloop.run(_serve(args, policy, catalog, worker_path, router_path))
+        uvloop.run(_serve(args, policy, catalog, worker_path, router_path,
+                          _Startup(seen, hangups)))
     except KeyboardInterrupt:
         pass
     return 0
 
 
+def _keep_hangups() -> list[int]:
+    """Keep SIGHUPs (their signal numbers, appended) until the reloader takes them."""
+    kept: list[int] = []
+    signal.signal(signal.SIGHUP, lambda signum, _frame: kept.append(signum))
+    return kept
+
+
+class _Startup:
+    """What serve saw before the reloader existed: the policy file's signature when it
+    was read, and the SIGHUPs received since."""
+
+    def __init__(self, seen: tuple[int, int, int] | None, hangups: list[int]) -> None:
+        self.seen = seen
+        self.hangups = hangups
+
+
 async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_path: str,
-                 router_path: str) -> None:
+                 router_path: str, startup: _Startup | None = None) -> None:
     from dynamo.llm import (
         FpmEventSubscriber,
         KvRouter,
@@ -174,7 +196,7 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
                                 block_size=block_size,
                                 refresh_interval=args.refresh_interval,
                                 exposed=exposed, exposed_endpoint=exposed_path)
-    operate = _operate(args, policy, catalog, classifier, router, loop)
+    operate = _operate(args, policy, catalog, classifier, router, loop, startup)
     router.start()
     metrics = RouterMetrics(router, namespace=router_path.split(".")[0], model=args.model_name)
     state_server = None
@@ -327,7 +349,8 @@ class _Operate:
 
 
 def _operate(args: argparse.Namespace, policy: Any, catalog: Any, classifier: Any,
-             router: Any, loop: asyncio.AbstractEventLoop) -> _Operate:
+             router: Any, loop: asyncio.AbstractEventLoop,
+             startup: _Startup | None = None) -> _Operate:
     """Reload the policy on SIGHUP (and on change with --watch-policy); publish lifecycle
     events with --events-port; both show in /state (``policy``, ``lifecycle``)."""
     from dynamo_thunderagent.dynamo.notify import (
@@ -338,8 +361,11 @@ def _operate(args: argparse.Namespace, policy: Any, catalog: Any, classifier: An
     from dynamo_thunderagent.dynamo.reload import PolicyReloader
 
     operate = _Operate()
-    reloader = PolicyReloader(args.router_policy_config, catalog, policy, classifier)
+    reloader = PolicyReloader(args.router_policy_config, catalog, policy, classifier,
+                              seen=startup.seen if startup is not None else None)
     loop.add_signal_handler(signal.SIGHUP, reloader.reload)
+    if startup is not None and startup.hangups:  # sent while the router was starting
+        reloader.reload(trigger="SIGHUP during startup")
     router.state_extensions["policy"] = reloader.state
     if args.watch_policy:
         operate.tasks.append(loop.create_task(reloader.watch()))

@@ -196,6 +196,103 @@ def test_an_invalid_file_keeps_the_old_policy_with_validates_message(tmp_path: P
     assert reloader.reload().changed == {"pause_threshold": (0.9, 0.82)}
 
 
+@pytest.mark.parametrize(("text", "why"), [
+    ("x: 2020-13-45\n", "not valid YAML: a value cannot be read: month must be in 1..12"),
+    ("x: " + "9" * 5000 + "\n", "not valid YAML: a value cannot be read"),
+    ("x: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deeply to be a router policy"),
+], ids=["bad-date", "huge-integer", "deep-nesting"])
+def test_yaml_python_cannot_hold_is_an_invalid_reload_not_a_crash(
+        tmp_path: Path, text: str, why: str) -> None:
+    path = _write(tmp_path / "policy.yaml", 0.9)
+    reloader, classifier = _reloader(path)
+    path.write_text(text, encoding="utf-8")
+    plan = reloader.reload()
+    assert plan.result == "invalid" and plan.message.startswith(f"{path}: ")
+    assert why in plan.message
+    assert classifier.scheduler.params.pause_threshold == 0.9
+    assert reloader.reloads["invalid"] == 1
+
+
+async def test_the_file_watch_survives_a_reload_that_raises(tmp_path: Path) -> None:
+    from dynamo_thunderagent.dynamo.reload import signature
+
+    path = _write(tmp_path / "policy.yaml", 0.9)
+    reloader, classifier = _reloader(path)
+    real = reloader.reload
+    calls: list[str] = []
+
+    def reload(trigger: str = "SIGHUP") -> object:
+        calls.append(trigger)
+        if len(calls) == 1:
+            reloader._seen = signature(str(path))  # as the real one does, first
+            raise RuntimeError("a bug in a reload")
+        return real(trigger)
+
+    reloader.reload = reload  # type: ignore[assignment, method-assign]
+    watch = asyncio.create_task(reloader.watch(interval=0.01))
+    try:
+        _write(path, 0.85)
+        await _until(lambda: len(calls) == 1)
+        _write(path, 0.8)  # the next edit is still seen and applied
+        await _until(lambda: classifier.scheduler.params.pause_threshold == 0.8)
+        assert not watch.done()
+    finally:
+        watch.cancel()
+
+
+async def test_an_edit_made_while_serve_starts_is_reloaded_by_the_watch(tmp_path: Path) -> None:
+    from dynamo_thunderagent.dynamo.reload import signature
+
+    path = _write(tmp_path / "policy.yaml", 0.9)
+    seen = signature(str(path))  # serve takes it before it reads the policy ...
+    catalog = builtin_catalog()
+    policy = load_policy(path, catalog)
+    assert policy.classifier is not None
+    classifier = catalog.build_classifier(policy.classifier)
+    assert isinstance(classifier, ThunderAgentClassifier)
+    _write(path, 0.85)  # ... and the file changes while it waits for workers
+    os.utime(path, ns=(1, 1))  # a different signature even on a coarse clock
+    reloader = PolicyReloader(path, catalog, policy, classifier, seen=seen)
+    watch = asyncio.create_task(reloader.watch(interval=0.01))
+    try:
+        await _until(lambda: classifier.scheduler.params.pause_threshold == 0.85)
+    finally:
+        watch.cancel()
+
+
+async def test_a_sighup_while_serve_starts_is_kept_and_applied(tmp_path: Path) -> None:
+    from dynamo_thunderagent.dynamo.reload import signature
+    from dynamo_thunderagent.dynamo.serve import _keep_hangups, _Startup
+
+    path = _write(tmp_path / "policy.yaml", 0.9)
+    previous = signal.getsignal(signal.SIGHUP)
+    loop = asyncio.get_running_loop()
+    try:
+        hangups = _keep_hangups()
+        startup = _Startup(signature(str(path)), hangups)
+        catalog = builtin_catalog()
+        policy = load_policy(path, catalog)
+        assert policy.classifier is not None
+        classifier = catalog.build_classifier(policy.classifier)
+        assert isinstance(classifier, ThunderAgentClassifier)
+        _write(path, 0.85)
+        os.kill(os.getpid(), signal.SIGHUP)  # before the reloader exists: kept, not fatal
+        assert hangups == [signal.SIGHUP]
+        router = SimpleNamespace(state_extensions={})
+        args = Namespace(router_policy_config=str(path), watch_policy=False, events_port=0,
+                         state_host="127.0.0.1")
+        operate = _operate(args, policy, catalog, classifier, router, loop, startup)
+        try:
+            assert classifier.scheduler.params.pause_threshold == 0.85
+            last = router.state_extensions["policy"]()["last_reload"]
+            assert last["trigger"] == "SIGHUP during startup"
+        finally:
+            loop.remove_signal_handler(signal.SIGHUP)
+            operate.close()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 def test_a_new_classifier_type_or_selector_needs_a_restart(tmp_path: Path) -> None:
     old = load_policy(_write(tmp_path / "old.yaml"), builtin_catalog())
     catalog = builtin_catalog()
