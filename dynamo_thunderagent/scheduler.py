@@ -145,9 +145,7 @@ class Scheduler:
         self.table.set_usage_model(self.usage_model)
         old_costs = self.costs
         self._build_seams(params, _carry_costs(old_costs, params.pause_min_recompute_ratio))
-        if self.host_tier is not None and isinstance(old_costs, HostTierCosts):
-            # Kept until the next tick recomputes it over the table.
-            self.host_tier.spare_tokens = old_costs.spare_tokens
+        self._set_host_spare(sum(p.tokens for p in self.table.programs.values()))
         self.idle.reconfigure(factor=params.idle_horizon_factor,
                               minimum=params.idle_horizon_min_seconds,
                               maximum=params.session_retention_seconds)
@@ -821,6 +819,11 @@ class Scheduler:
                 self._expected_since(program)
                 d.unassigned.append(program.session_id)
             held += program.tokens
+        self._set_host_spare(held)
+
+    def _set_host_spare(self, held: int) -> None:
+        """The host tier's spare room, with programs holding ``held`` tokens (no tier:
+        nothing to do)."""
         if self.host_tier is not None:
             capacity = self.capacity
             # The GPU pools' room for programs: what sessionless traffic holds is not theirs.

@@ -176,3 +176,19 @@ def test_a_tiered_regime_without_a_work_dir_refuses_to_derive_a_policy(tmp_path:
     tiered = dataclasses.replace(prepare_regime(config, "tiered", tmp_path), work_dir=None)
     with pytest.raises(ValueError, match="needs a work_dir"):
         tiered.policy_for(ArmSpec("ours", "ours"))
+
+
+def test_a_reload_that_turns_on_the_host_tier_sizes_its_room_at_once() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9,
+             pause_min_recompute_ratio=0.5)
+    h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=1e-3, decode_seconds=1.0))
+    h.workers({W0: 2_000})
+    h.acting_on("small", W0, 600)
+    h.acting_on("big", W0, 1_200)
+    h.workers({W0: 1_500})  # 1,800 held on a 1,500 pool
+    h.scheduler.reconfigure(h.scheduler.params.model_copy(update={"host_kv_blocks": 10_000}))
+    tier = h.scheduler.host_tier
+    assert tier is not None
+    # Sized by the reload itself, not at the next tick: what the table holds past the GPU
+    # pool (300 tokens) is already counted against the tier.
+    assert tier.spare_tokens == 10_000 - 300
