@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dynamo_thunderagent.capacity import Capacity
 from dynamo_thunderagent.costs import CostModel
 from dynamo_thunderagent.idle import IdlePrograms
+from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.program_table import ProgramTable
 
 
@@ -14,6 +15,10 @@ def snapshot(table: ProgramTable, capacity: Capacity, idle: IdlePrograms,
              counters: Mapping[str, int], costs: CostModel, waiting_for_room: int,
              now: float) -> dict[str, object]:
     """Plain-data view of a scheduler's parts at ``now``."""
+    paused_at: dict[WorkerKey, int] = {}  # paused programs by the rank they last ran on
+    for program in table.paused():
+        if program.worker is not None:
+            paused_at[program.worker] = paused_at.get(program.worker, 0) + 1
     ranks = {}
     for worker in sorted(set(capacity.known) | set(table.assigned_workers())):
         ranks[str(worker)] = {
@@ -21,6 +26,7 @@ def snapshot(table: ProgramTable, capacity: Capacity, idle: IdlePrograms,
             "usage_tokens": table.usage(worker),
             "decayed_usage_tokens": table.decayed_usage(worker, now),
             "programs": len(table.members(worker)),
+            "paused_programs": paused_at.get(worker, 0),
         }
     programs = {
         p.session_id: {

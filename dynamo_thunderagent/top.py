@@ -105,6 +105,8 @@ def _ranks(scheduler: dict[str, Any], params: dict[str, Any]) -> Table:
     # them (sessionless_kv, sessionless_kv_full_loss).
     held = scheduler.get("sessionless_tokens") or {}
     reserved = scheduler.get("sessionless_reserved_tokens") or {}
+    # Counted by the router over the whole table (/state lists at most 10,000 programs); from
+    # the list where a router predates that count.
     paused_here: dict[str, int] = {}
     for program in scheduler.get("programs", {}).values():
         if program.get("lifecycle") == "paused" and program.get("worker"):
@@ -117,7 +119,8 @@ def _ranks(scheduler: dict[str, Any], params: dict[str, Any]) -> Table:
         table.add_row(rank, _tokens(capacity), _tokens(usage), bar,
                       _tokens(None if not capacity else capacity * pause),
                       _tokens(None if not capacity else capacity * resume),
-                      str(figures.get("programs", 0)), str(paused_here.get(rank, 0)),
+                      str(figures.get("programs", 0)),
+                      str(figures.get("paused_programs", paused_here.get(rank, 0))),
                       _sessionless(held.get(rank), reserved.get(rank)))
     if not scheduler.get("ranks"):
         table.add_row("(no worker with capacity yet)", "", "", "", "", "", "", "", "")
@@ -126,8 +129,12 @@ def _ranks(scheduler: dict[str, Any], params: dict[str, Any]) -> Table:
 
 def _programs(scheduler: dict[str, Any]) -> Table:
     programs = scheduler.get("programs", {})
-    resident = sum(1 for p in programs.values() if p.get("lifecycle") == "active")
-    table = Table(title=f"programs: {resident} resident, {len(programs) - resident} paused",
+    # The whole table's counts: /state lists at most 10,000 programs (programs_total).
+    total = int(scheduler.get("programs_total", len(programs)))
+    paused = scheduler.get("paused")
+    if not isinstance(paused, int):
+        paused = sum(1 for p in programs.values() if p.get("lifecycle") == "paused")
+    table = Table(title=f"programs: {total - paused} resident, {paused} paused",
                   title_justify="left", expand=True)
     # Dynamo's worker ids are 64-bit: the column takes the longest whole.
     widest = max((len(str(p.get("worker") or "")) for p in programs.values()), default=0)

@@ -23,6 +23,10 @@ T = TypeVar("T")
 
 # How long a response may wait for the event loop before it answers 503.
 LOOP_TIMEOUT_SECONDS = 5.0
+# How long a connection may send nothing (or take no bytes of its answer) before it is
+# closed: each open connection holds a thread, and a client that never finishes its request
+# would hold one for ever.
+CLIENT_IDLE_SECONDS = 10.0
 
 
 def on_loop(loop: asyncio.AbstractEventLoop, read: Callable[[], T],
@@ -96,6 +100,9 @@ class StateServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            # A connection that sends nothing for this long is closed: each holds a thread.
+            timeout = CLIENT_IDLE_SECONDS
+
             def do_GET(self) -> None:
                 status, content_type, body = server.respond(self.path)
                 self.send_response(status)

@@ -182,6 +182,39 @@ async def test_rejections_are_counted_by_the_limit_they_hit() -> None:
     assert value(found, "requests_total", outcome="rejected") == 1
 
 
+
+async def test_a_connection_that_sends_nothing_is_closed_and_frees_its_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import threading
+
+    from dynamo_thunderagent.dynamo import state_server
+
+    monkeypatch.setattr(state_server, "CLIENT_IDLE_SECONDS", 0.3)
+    h = Harness()
+    server = StateServer(asyncio.get_running_loop(), h.router.state, None, "127.0.0.1",
+                         0).start()
+
+    def handlers() -> int:  # the server's threads, one per open connection
+        return sum(1 for t in threading.enumerate() if "process_request" in t.name)
+
+    try:
+        idle = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        idle.sendall(b"GET /st")  # and never the rest of the request line
+
+        def closed_by_the_server() -> bytes:
+            return idle.recv(1)  # b"" once the server closes it
+
+        assert await asyncio.to_thread(closed_by_the_server) == b""
+        idle.close()
+        deadline = asyncio.get_running_loop().time() + 5
+        while handlers():
+            assert asyncio.get_running_loop().time() < deadline, "its thread lives on"
+            await asyncio.sleep(0.02)
+    finally:
+        server.close()
+
+
 async def test_the_state_server_answers_state_health_and_metrics_and_404_else() -> None:
     h = Harness()
     metrics = RouterMetrics(h.router, namespace=NS, model=MODEL)

@@ -74,6 +74,35 @@ def test_the_view_shows_ranks_against_thresholds_programs_waits_and_decisions() 
     assert "recent decisions" in screen and "paused" in screen and "no room" in screen
 
 
+def test_the_counts_are_the_whole_tables_when_state_lists_only_part_of_it() -> None:
+    from dynamo_thunderagent.dynamo.stats import bounded_state
+
+    state = canned_state()
+    state["scheduler"] = bounded_state(state["scheduler"], limit=1)  # as past 10,000 programs
+    assert len(state["scheduler"]["programs"]) == 1
+    # Paused programs that last ran on a rank, counted by the router over the whole table.
+    state["scheduler"]["ranks"][str(W1)]["paused_programs"] = 4_321
+    console = Console(record=True, width=200, color_system=None)
+    console.print(render(state, url="http://127.0.0.1:8090/state", now=NOW + 2))
+    screen = console.export_text()
+    assert "programs: 3 resident, 1 paused" in screen
+    assert "4321" in screen
+
+
+def test_state_counts_the_programs_paused_off_each_rank() -> None:
+    from .conftest import W0 as HOME
+    from .conftest import make
+
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9)
+    h.workers({HOME: 2_000})
+    h.acting_on("small", HOME, 600)
+    h.acting_on("big", HOME, 1_200)
+    h.workers({HOME: 1_500})  # over the threshold: the smaller program gives way
+    assert h.tick().paused == ["small"]
+    rank = h.scheduler.snapshot(h.now)["ranks"][str(HOME)]
+    assert (rank["programs"], rank["paused_programs"]) == (1, 1)
+
+
 def test_the_view_shows_what_requests_without_a_session_id_hold_on_each_rank() -> None:
     scheduler = Scheduler(ThunderAgentParameters(sessionless_kv="reserve",
                                                  sessionless_kv_full_loss=0.1))
