@@ -524,7 +524,9 @@ class Scheduler:
                              request.expected_after_pause)
                 self.resume_loss.observe(program.worker, request.expected_after_pause - shared,
                                          cached_tokens - shared)
-        program.resident_prompt_tokens = request.input_tokens
+        # Its prompt is cached where it ran; a turn that finished after a tick unassigned its
+        # worker (the worker left, draining) left it nowhere the program will run again.
+        program.resident_prompt_tokens = request.input_tokens if program.worker else 0
         program.current = None
         program.steps += 1
         program.last_active = now

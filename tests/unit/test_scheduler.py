@@ -446,6 +446,46 @@ def test_an_abort_after_its_worker_was_lost_expects_nothing_cached_there(h: Harn
     assert (h.program("a").resident_prompt_tokens, h.program("a").paused_prompt_tokens) == (0, 0)
 
 
+def _finished_after_its_worker_was_unassigned(h: Harness) -> None:
+    """"a" (300 tokens on W0) sent a 400-token turn to W0; W0 left and a tick unassigned "a";
+    W0 drained and finished the turn all the same."""
+    h.workers({W0: 1_000, W1: 1_000})
+    h.acting_on("a", W0, 300)
+    rid, _ = h.turn("a", 400)
+    h.scheduler.sent(rid, W0, h.now)
+    h.workers({W1: 1_000}, live={1})
+    h.tick()
+    assert h.program("a").worker is None
+    h.scheduler.completed(rid, 410, h.now, cached_tokens=300)
+    assert h.program("a").resident_prompt_tokens == 0  # cached on a worker that is gone
+
+
+def test_a_turn_finished_by_a_departed_worker_is_no_cache_loss_after_an_abort() -> None:
+    h = make(buffer_per_program=0, hold_max_cache_loss=0.5)
+    _finished_after_its_worker_was_unassigned(h)
+    rid, d = h.turn("a", 450)
+    assert released_to(d, rid) == W1
+    h.scheduler.sent(rid, W1, h.now)
+    h.abort(rid)  # it stays on W1, where nothing of it was ever cached
+    rid, d = h.turn("a", 450)
+    assert h.scheduler.table.requests[rid].expected_cached == 0
+    h.scheduler.sent(rid, W1, h.now)
+    h.scheduler.completed(rid, 460, h.now, cached_tokens=0)
+    assert h.scheduler.cache_loss.snapshot() == {}  # W1's engine lost nothing
+
+
+def test_a_turn_finished_by_a_departed_worker_is_no_resume_loss_after_a_pause() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, pause_min_resume_loss=0.2)
+    _finished_after_its_worker_was_unassigned(h)
+    h.acting_on("b", W1, 950)  # W1 full: "a"'s next turn waits, paused
+    rid, d = h.turn("a", 450)
+    assert d.outcome(rid) is None and h.program("a").paused_prompt_tokens == 0
+    h.scheduler.submit("b-end", "b", 0, h.now, session_final=True)  # room on W1
+    h.advance(5)
+    assert released_to(h.tick(), rid) == W1
+    assert h.scheduler.table.requests[rid].expected_after_pause == 0
+
+
 def test_a_prompt_larger_than_every_worker_is_rejected_at_once(h: Harness) -> None:
     h.workers({W0: 4_096, W1: 2_048})
     rid, d = h.turn("huge", 5_000)
