@@ -470,13 +470,10 @@ def read_policy_file(path: str | Path) -> PolicyConfig:
         data = load_policy_yaml(text)
     except yaml.YAMLError as error:
         raise PolicyError(f"{source}: not valid YAML: {error}") from None
-    except RecursionError:
-        raise PolicyError(f"{source}: nested too deeply to be a router policy (a policy is "
-                          "two levels of mappings and their parameters)") from None
-    except ValueError as error:
-        # YAML that parses but holds a value Python cannot make (a date such as 2020-13-45,
-        # an integer of thousands of digits).
-        raise PolicyError(f"{source}: not valid YAML: a value cannot be read: {error}") from None
+    except (ValueError, RecursionError) as error:  # parsed, but not into values Python holds:
+        # a date such as 2020-13-45, an integer of thousands of digits, brackets nested deep
+        why = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        raise PolicyError(f"{source}: not valid YAML: a value cannot be read: {why}") from None
     return parse_policy(data, source)
 
 

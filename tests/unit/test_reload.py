@@ -199,7 +199,7 @@ def test_an_invalid_file_keeps_the_old_policy_with_validates_message(tmp_path: P
 @pytest.mark.parametrize(("text", "why"), [
     ("x: 2020-13-45\n", "not valid YAML: a value cannot be read: month must be in 1..12"),
     ("x: " + "9" * 5000 + "\n", "not valid YAML: a value cannot be read"),
-    ("x: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deeply to be a router policy"),
+    ("x: " + "[" * 3000 + "]" * 3000 + "\n", "a value cannot be read: nested too deeply"),
 ], ids=["bad-date", "huge-integer", "deep-nesting"])
 def test_yaml_python_cannot_hold_is_an_invalid_reload_not_a_crash(
         tmp_path: Path, text: str, why: str) -> None:
