@@ -52,6 +52,10 @@ class Capacity:
         self._total = 0
         self._block_sizes: dict[WorkerKey, int] = {}
         self._reserved: dict[WorkerKey, int] = {}
+        # The live workers whose cards list their ranks, and those ranks: a rank a live
+        # worker's card no longer lists is gone (its data-parallel size shrank).
+        self._ranked_ids: frozenset[int] = frozenset()
+        self._ranks: frozenset[WorkerKey] = frozenset()
 
     def update(
         self, live_worker_ids: Iterable[int], cards: Mapping[WorkerKey, CapacityCard]
@@ -59,6 +63,8 @@ class Capacity:
         """Replace the view: the runtime's live instances and the cards seen so far."""
         self._live = frozenset(live_worker_ids)
         self._cards = dict(cards)
+        self._ranks = frozenset(key for key in self._cards if key.worker_id in self._live)
+        self._ranked_ids = frozenset(key.worker_id for key in self._ranks)
         full = {
             key: card.tokens
             for key, card in sorted(self._cards.items())
@@ -101,7 +107,10 @@ class Capacity:
         return tokens - min(self._reserved.get(worker, 0), tokens // 2)
 
     def is_live(self, worker: WorkerKey) -> bool:
-        return worker.worker_id in self._live
+        """The worker is live and, where its card lists ranks, lists this one (a worker
+        without a card, or with one that cannot be read, is taken at its word)."""
+        return worker.worker_id in self._live and (
+            worker.worker_id not in self._ranked_ids or worker in self._ranks)
 
     @property
     def any_live(self) -> bool:

@@ -800,12 +800,12 @@ class Scheduler:
         return d
 
     def _sweep(self, now: float, d: Decisions) -> None:
-        """Expire idle programs past retention; drop assignments to workers that left.
+        """Expire idle programs past retention; drop assignments to workers (or ranks) that
+        left.
 
         One pass over the table (it is the only O(programs) step of a tick).
         """
         retention = self.params.session_retention_seconds
-        live = self.capacity.live_worker_ids
         held = 0
         for program in list(self.table.programs.values()):
             if not program.busy and now - program.last_active >= retention:
@@ -813,7 +813,7 @@ class Scheduler:
                 self.counters["expired"] += 1
                 d.expired.append(program.session_id)
                 continue
-            if program.worker is not None and program.worker.worker_id not in live:
+            if program.worker is not None and not self.capacity.is_live(program.worker):
                 with self.table.changing(program):
                     program.worker = None
                 # Its cache left with the worker: nothing is expected anywhere else.

@@ -486,6 +486,29 @@ def test_a_turn_finished_by_a_departed_worker_is_no_resume_loss_after_a_pause() 
     assert h.scheduler.table.requests[rid].expected_after_pause == 0
 
 
+def test_a_rank_its_live_worker_no_longer_lists_is_gone_for_its_programs(h: Harness) -> None:
+    rank1 = WorkerKey(W1.worker_id, 1)
+    h.workers({W1: 1_000, rank1: 1_000})
+    h.acting_on("a", rank1, 300)
+    h.workers({W1: 1_000})  # the worker's card now lists rank 0 only
+    rid, d = h.turn("a", 400)  # before any tick: not sent back to the rank that is gone
+    assert released_to(d, rid) == W1
+    assert h.program("a").worker == W1
+
+
+def test_a_tick_unassigns_programs_of_a_rank_its_live_worker_no_longer_lists(
+        h: Harness) -> None:
+    rank1 = WorkerKey(W1.worker_id, 1)
+    h.workers({W1: 1_000, rank1: 1_000})
+    h.acting_on("a", rank1, 300)
+    h.workers({W1: 1_000})
+    assert h.tick().unassigned == ["a"]
+    assert h.program("a").worker is None
+    h.workers({W0: 1_000}, live={W0.worker_id, W1.worker_id})  # W1's card unreadable now:
+    h.acting_on("b", W1, 300)  # its ranks are taken at the worker's word
+    assert h.tick().unassigned == [] and h.program("b").worker == W1
+
+
 def test_a_prompt_larger_than_every_worker_is_rejected_at_once(h: Harness) -> None:
     h.workers({W0: 4_096, W1: 2_048})
     rid, d = h.turn("huge", 5_000)
