@@ -58,8 +58,9 @@ and a slot whose agent ends takes no other, so every arm runs the same agents to
 The run ends with the batch's last agent; ``--window`` caps it (default 600 s here). Every
 figure then covers the whole batch: steps/min up to its end, ``makespan_s`` (start to the
 last session-final answered, or given up after the driver's 10 s; None when the cap cut the
-batch or a run was lost), and ``agent_run_mean_s`` / ``agent_run_p90_s`` over the same runs
-in every arm.
+batch or a run was lost), and ``agent_run_mean_s`` / ``agent_run_p90_s`` over the runs that
+finished (every run of the batch, unless the cap cut it or runs were lost: ``results.md``
+then says how many of the N).
 
 Beside any workload, ``--background C[:P:O]`` sends other tenants' sessionless requests (C at
 a time, P unique prompt and O output tokens) until the window closes; they are no agent's

@@ -121,7 +121,7 @@ def _regime_markdown(
             if c is None:
                 out.append(f"| {arm} | not run |" + " |" * 10)  # 12 columns, as the header
                 continue
-            out.append(_largest_row(arm, c))
+            out.append(_largest_row(arm, c, rollout=bool(config.get("rollout"))))
         out.append("")
     for f in failures:
         out.append(
@@ -143,8 +143,14 @@ def _makespan_cell(cell: Mapping[str, Any] | None) -> str:
     return text + (f" [{missing}/{cell['runs']} without: cut or a run lost]" if missing else "")
 
 
-def _largest_row(arm: str, c: Mapping[str, Any]) -> str:
+def _largest_row(arm: str, c: Mapping[str, Any], *, rollout: bool = False) -> str:
     ratio = c.get("steps_per_min_vs_stock")
+    runs = f"{_f(c.get('agent_run_mean_s'), '.1f')} / {_f(c.get('agent_run_p90_s'), '.1f')}"
+    finished, agents = c.get("agent_runs"), c.get("agents")
+    if rollout and finished is not None and agents and finished < agents:
+        # A rollout's run figures cover the runs that finished: say when some did not.
+        done = f"{finished:.0f}" if float(finished).is_integer() else f"{finished:.1f}"
+        runs += f" ({done} of {agents} runs)"
     cells = [
         arm,
         _spread_cell(c, "steps_per_min", ".0f"),
@@ -153,7 +159,7 @@ def _largest_row(arm: str, c: Mapping[str, Any]) -> str:
         _f(c.get("recomputed_tokens"), ",.0f"),
         " / ".join(_f(c.get(k), ".2f") for k in (
             "latency_p50_s", "latency_p99_s", "latency_max_s")),
-        f"{_f(c.get('agent_run_mean_s'), '.1f')} / {_f(c.get('agent_run_p90_s'), '.1f')}",
+        runs,
         " / ".join(_f(c.get(k), ".2f") for k in (
             "admission_wait_p50_s", "admission_wait_p99_s", "admission_wait_max_s")),
         f"{_f(c.get('paused_mean'), '.1f')} / {_f(c.get('paused_max'), '.0f')}",

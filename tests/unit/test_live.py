@@ -517,6 +517,8 @@ def test_a_rollouts_row_covers_its_batch_and_the_report_says_which_runs_have_no_
     text = live.render_markdown(report)
     assert "rollout: one batch of N agents per run, run to its end (capped at 600.0 s)" in text
     assert "| ours | 9 (9-9) [1/3 without: cut or a run lost] |" in text
+    # Its run figures cover the runs that finished: 5 of the 6, 1.7 a repeat of 2.
+    assert "(1.7 of 2 runs)" in text
 
 
 def test_the_paused_count_is_weighed_up_to_the_runs_end_when_it_ended_before_its_window(
