@@ -102,8 +102,9 @@ Definitions of the figures (per run; see ``bench/metrics.py``)
   lines, builtin from its scheduler's state-change debug lines (``DYN_LOG`` is raised to
   debug for the ``thunderagent`` target in that arm). None for stock.
 * ``admission_wait_*``: ours only (its router measures the wait of every turn, session-final
-  requests left out); None elsewhere. A turn still waiting when the run's figures are read
-  is not dropped: ``admission_wait_censored_max_s`` is the longest such wait so far.
+  requests left out); None elsewhere. A turn still waiting when the run's figures are read,
+  or whose client gave up (as the driver's do when the window closes), is not dropped:
+  ``admission_wait_censored_max_s`` is the longest such wait (a lower bound).
 
 Output (``--out DIR``, default ``bench-results/<UTC timestamp>/``)
 -----------------------------------------------------------------

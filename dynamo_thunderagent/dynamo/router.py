@@ -224,6 +224,7 @@ class ThunderAgentRouter:
         except asyncio.CancelledError:  # the handler itself was cancelled while it waited
             if not ended:
                 self.stats.cancelled += 1
+                self._wait_given_up(classify_input, started)
             raise
         except AdmissionLost as error:  # reconcile's answer: ended by the safety net
             self.stats.orphans += 1
@@ -237,6 +238,7 @@ class ThunderAgentRouter:
             del self.stats.waiting[ticket]
         if admission is None:  # the client left while its request waited: nobody to answer
             self.stats.cancelled += 1
+            self._wait_given_up(classify_input, started)
             log.info("request.cancelled", request_id=request_id,
                      reason="client went away while waiting for admission")
             return
@@ -393,6 +395,13 @@ class ThunderAgentRouter:
                     tracker.uncached_tokens,
                     None if tracker.prefill_ms is None else tracker.prefill_ms / 1e3,
                     decode, tracker.output_tokens))
+
+    def _wait_given_up(self, request: ClassifyRequest, started: float) -> None:
+        """A turn's wait for admission ended without it (its client left, or its handler
+        was cancelled): a censored wait, its length a lower bound (a benchmark's clients
+        leave as its window closes, before its figures are read)."""
+        if request.session_id is not None and not request.session_final:
+            self.stats.wait_given_up(self.clock() - started)
 
     def _observe_session(self, request: ClassifyRequest) -> None:
         """Count whether the request carried a session id; say so when most recent ones did

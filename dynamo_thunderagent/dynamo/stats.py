@@ -125,11 +125,20 @@ class RouterStats:
     # Turns waiting for admission now, by ticket: when each started. A wait cut off by the
     # end of a run is not lost from the figures: it is reported as censored (a lower bound).
     waiting: dict[int, float] = field(default_factory=dict)
+    # The longest wait for admission a turn's client gave up on (None: none did).
+    given_up_max_s: float | None = None
     recent: RecentSessions = field(default_factory=RecentSessions)
+
+    def wait_given_up(self, seconds: float) -> None:
+        """A turn's wait for admission ended without it, after ``seconds``."""
+        self.given_up_max_s = max(seconds, self.given_up_max_s or 0.0)
 
     def as_dict(self, now: float) -> dict[str, Any]:
         waits = list(self.admission_wait_s)
         oldest = min(self.waiting.values(), default=None)
+        # Waits that did not end in admission: in progress now, or given up by the client.
+        censored = [w for w in (None if oldest is None else now - oldest, self.given_up_max_s)
+                    if w is not None]
         recent_with, recent_without = self.recent.counts(now)
         return {
             "requests": self.requests, "passthrough": self.passthrough,
@@ -143,7 +152,7 @@ class RouterStats:
             "admission_wait_p99_s": percentile(waits, 0.99),
             "admission_wait_max_s": max(waits, default=None),
             "admission_waiting": len(self.waiting),
-            "admission_wait_censored_max_s": None if oldest is None else now - oldest,
+            "admission_wait_censored_max_s": max(censored, default=None),
             "doctor_probes": self.doctor_probes, "loads_unavailable": self.loads_unavailable,
             "failovers": self.failovers, "stalled": self.stalled,
             "with_session": self.with_session, "without_session": self.without_session,

@@ -33,7 +33,8 @@ def scheduler_figures(state: dict[str, Any]) -> dict[str, Any]:
         "admission_wait_p50_s": router.get("admission_wait_p50_s"),
         "admission_wait_p99_s": router.get("admission_wait_p99_s"),
         "admission_wait_max_s": router.get("admission_wait_max_s"),
-        # Turns still waiting when the run ended: their wait so far (a lower bound).
+        # Turns still waiting when the run ended, or given up by their client: the longest
+        # such wait (a lower bound).
         "admission_wait_censored_max_s": router.get("admission_wait_censored_max_s"),
         "router_hit_rate": router.get("hit_rate"),
         "rejected": router.get("rejected"),

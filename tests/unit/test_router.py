@@ -457,6 +457,25 @@ async def test_a_new_program_without_room_is_deferred_until_a_tick_resumes_it() 
     assert router["admission_wait_max_s"] == 30
 
 
+async def test_a_wait_its_client_gave_up_on_stays_censored_after_it_ends() -> None:
+    h = Harness(blocks=10, buffer_per_program=0, acting_decay_tau_seconds=1e9)
+    h.client.ids = [A]
+    h.cards.cards = {str(A): model_card(10)}
+    h.kv.loads = {A: 0}
+    h.router.refresh_workers()
+    await collect(h.router, turn("big", tokens=120), "r1")
+    waiting = asyncio.create_task(collect(h.router, turn("small", tokens=100), "r2"))
+    await until(lambda: "small" in h.classifier.scheduler.table.programs, "admission ran")
+    h.clock.now += 12
+    waiting.cancel()  # the client leaves, as a benchmark's do when its window closes
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    router = h.router.state()["router"]
+    assert router["admission_waiting"] == 0 and router["cancelled"] == 1
+    assert router["admission_wait_censored_max_s"] == 12  # a lower bound, not lost
+    assert router["admission_wait_max_s"] == 0  # the only admitted turn did not wait
+
+
 async def test_rejected_request_raises_an_error_that_says_why() -> None:
     h = Harness(max_tracked_requests=1)
     h.kv.hold = asyncio.Event()
