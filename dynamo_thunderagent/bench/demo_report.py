@@ -152,11 +152,11 @@ FIGURES: tuple[Figure, ...] = (
     Figure("latency_p50_s", "turn latency p50 (s)", ".2f", "turn p50"),
     Figure("latency_p99_s", "turn latency p99 (s)", ".2f", "turn p99"),
     Figure("latency_max_s", "  longest turn, unfinished ones so far (s)", ".2f"),
-    Figure("latency_censored", "  turns unfinished at end (in p99)", ".0f"),
+    Figure("latency_censored", "  turns unfinished or failed (in p99)", ".0f"),
     Figure("admission_wait_p50_s", "admission wait p50 (s)", ".2f"),
     Figure("admission_wait_p99_s", "admission wait p99 (s)", ".2f"),
     Figure("admission_wait_max_s", "admission wait max (s)", ".2f"),
-    Figure("admission_wait_censored_max_s", "  longest still waiting at end (s)", ".2f"),
+    Figure("admission_wait_censored_max_s", "  longest wait cut off at end (s)", ".2f"),
     Figure("paused_mean", "programs paused (mean, steady)", ".1f"),
     Figure("pauses", "pauses", ".0f"),
     Figure("resumes", "resumes", ".0f"),
@@ -169,7 +169,7 @@ FIGURES: tuple[Figure, ...] = (
 def _cell(row: Mapping[str, Any], figure: Figure) -> str:
     value = row.get(figure.key)
     if value is None:
-        # An arm that measures admission waits and had no turn waiting at the end.
+        # An arm that measures admission waits and had no wait cut off at the end.
         waits = figure.key == "admission_wait_censored_max_s"
         return "none" if waits and row.get("admission_wait_max_s") is not None else "-"
     if figure.spec.endswith("f") and isinstance(value, (int, float)):
