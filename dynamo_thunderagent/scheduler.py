@@ -145,13 +145,14 @@ class Scheduler:
         self.table.set_usage_model(self.usage_model)
         old_costs = self.costs
         self._build_seams(params, _carry_costs(old_costs, params.pause_min_recompute_ratio))
-        self._set_host_spare(sum(p.tokens for p in self.table.programs.values()))
         self.idle.reconfigure(factor=params.idle_horizon_factor,
                               minimum=params.idle_horizon_min_seconds,
                               maximum=params.session_retention_seconds)
         for worker in self._sessionless_by_rank:
             self._reserve(worker)
         self._set_hold()
+        # Over the pools as the new reservations leave them.
+        self._set_host_spare(sum(p.tokens for p in self.table.programs.values()))
 
     # ---- workers ---------------------------------------------------------------
     def set_workers(

@@ -80,8 +80,9 @@ Definitions of the figures (per run; see ``bench/metrics.py``)
 * ``hit_rate``: cached / prompt tokens of the successful turns that completed inside the steady
   window (``hit_rate_all``: every turn, warm-up included).
 * ``latency_p50_s`` / ``latency_p99_s``: turn latency (admission wait included) of the turns
-  that started in the steady window, nearest rank; a turn still waiting when the drain ended
-  counts with its time so far (a lower bound; ``latency_censored`` counts them).
+  that started in the steady window, nearest rank; a turn still waiting when the drain ended,
+  or that the client gave up on (its request timed out), counts with its time until then (a
+  lower bound; ``latency_censored`` counts them); other failed turns are left out.
   ``latency_max_s``: the longest of them (the max over repeats, as for every ``*_max`` /
   ``*_max_s`` figure), the one figure that shows how long any arm held a turn back: the
   ports do not report their waits.

@@ -69,11 +69,12 @@ def steady_figures(records: Iterable[Any], start: float, stop: float) -> dict[st
     """Steady-window hit rate and turn latency of one run.
 
     ``hit_rate``: cached / prompt tokens of the successful turns that completed in
-    ``[start, stop)``. Latency: every turn that *started* in ``[start, stop)``; a turn still
-    waiting when the drain ended (``cancelled``) or that failed (the client's timeout, an
-    error) counts with its time until then, a lower bound of what an answer would have
-    taken, so that arms that hold turns back cannot hide their tail by never finishing them
-    or by letting the client give up (``latency_censored`` counts those).
+    ``[start, stop)``. Latency: every turn that *started* in ``[start, stop)`` and did not
+    fail; a turn still waiting when the drain ended (``cancelled``) or that the client gave
+    up on (its request timed out) counts with its time until then, a lower bound of what an
+    answer would have taken, so that arms that hold turns back cannot hide their tail by
+    never finishing them or by outlasting the client (``latency_censored`` counts those).
+    Other failures stay out: a turn refused at once says nothing about how long one runs.
     ``latency_max_s``, the longest of those turn latencies (its wait included), is the one
     figure in which every arm shows how long it held a turn back: a router that does not
     report its waits (the ports) shows them here, as a lower bound where the turn was cut
@@ -85,7 +86,8 @@ def steady_figures(records: Iterable[Any], start: float, stop: float) -> dict[st
     ]  # fmt: skip
     prompt = sum(r.prompt_tokens or 0 for r in done if r.prompt_tokens is not None)
     cached = sum(r.cached_tokens or 0 for r in done if r.prompt_tokens is not None)
-    started = [r for r in records if r.kind == "turn" and start <= r.start < stop]
+    started = [r for r in records if r.kind == "turn" and start <= r.start < stop
+               and (r.error is None or _timed_out(r))]
     latencies = sorted(r.end - r.start for r in started)
     return {
         "hit_rate": cached / prompt if prompt else None,
@@ -95,6 +97,12 @@ def steady_figures(records: Iterable[Any], start: float, stop: float) -> dict[st
         "latency_censored": sum(1 for r in started if r.cancelled or r.error is not None),
         "latencies": latencies,
     }
+
+
+def _timed_out(record: Any) -> bool:
+    """The client gave up on the request (its timeout: the OpenAI client's
+    ``APITimeoutError``, an ``asyncio`` or ``httpx`` timeout)."""
+    return "Timeout" in (record.error_type or "")
 
 
 ROW_METRICS: tuple[str, ...] = (

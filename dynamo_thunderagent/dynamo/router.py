@@ -600,6 +600,8 @@ class ThunderAgentRouter:
         unreadable: dict[str, str] = {}
         cards = capacity_cards(model_cards, unreadable)
         cards = {k: v for k, v in cards.items() if k.worker_id in live}
+        # Cards of workers that have left say nothing about the workers that serve.
+        unreadable = {w: why for w, why in unreadable.items() if _live_id(w, live)}
         if unreadable != self.unreadable_cards:
             for worker_id, why in sorted(unreadable.items()):
                 if self.unreadable_cards.get(worker_id) != why:
@@ -723,6 +725,14 @@ class ThunderAgentRouter:
             "block_size": self.block_size,
             **{key: part() for key, part in self.state_extensions.items()},
         }
+
+
+def _live_id(worker_id: str, live: frozenset[int]) -> bool:
+    """Whether a model card's key names a live worker (a key that is no number names none)."""
+    try:
+        return int(worker_id) in live
+    except ValueError:
+        return False
 
 
 def _cut_by_the_watch(watched: Watched) -> bool:

@@ -89,7 +89,7 @@ def test_table_prints_every_figure_per_arm_and_a_ratio_line() -> None:
         assert figure.label in text
     assert "ours / stock: steps/min 1.50x, hit rate 3.00x, recomputed tokens 0.10x" in text
     assert "agent-run mean -" in text  # no agent ran whole: no ratio, not a zero
-    waiting = next(line for line in text.splitlines() if "longest wait cut off at end" in line)
+    waiting = next(line for line in text.splitlines() if "longest wait not admitted" in line)
     assert waiting.split()[-2:] == ["-", "none"]  # stock cannot measure it; ours had none
     longest = next(line for line in text.splitlines() if "longest turn" in line)
     assert longest.split()[-2:] == ["17.50", "-"]  # every arm can measure it; ours' is unset

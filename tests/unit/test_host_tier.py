@@ -192,3 +192,17 @@ def test_a_reload_that_turns_on_the_host_tier_sizes_its_room_at_once() -> None:
     # Sized by the reload itself, not at the next tick: what the table holds past the GPU
     # pool (300 tokens) is already counted against the tier.
     assert tier.spare_tokens == 10_000 - 300
+
+
+def test_a_reload_sizes_the_tier_over_the_reservations_it_leaves() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, host_kv_blocks=10_000,
+             sessionless_kv="reserve")
+    h.workers({W0: 2_000})
+    h.acting_on("a", W0, 1_500)
+    h.scheduler.sessionless_started("chat", W0, 800, h.now)  # 800 of the pool reserved
+    h.scheduler.reconfigure(h.scheduler.params.model_copy(update={"sessionless_kv": "ignore"}))
+    tier = h.scheduler.host_tier
+    assert tier is not None
+    at_reload = tier.spare_tokens
+    h.tick()
+    assert at_reload == tier.spare_tokens  # what the next tick makes of it, at once

@@ -237,14 +237,13 @@ def test_steady_figures_window_and_censoring() -> None:
         _rec("a", 1, 2.0, 3.0, cached=90),
         _rec("b", 0, 2.5, 5.0, cached=50),
         _rec("c", 0, 4.0, 12.0, cancelled=True),  # cut off: latency lower bound, no hit rate
-        _rec("d", 0, 3.0, 4.0, error="APIError: x", error_type="APIError"),  # failed: its
-        # time until then counts (a lower bound), its tokens do not
+        _rec("d", 0, 3.0, 4.0, error="APIError: x", error_type="APIError"),  # failed
         _rec("e", 0, 9.0, 11.0, cached=100),  # ends after the window: latency only
     ]
     steady = live_report.steady_figures(records, 2.0, 10.0)
     assert steady["hit_rate"] == pytest.approx(140 / 200)
-    assert steady["latencies"] == [1.0, 1.0, 2.0, 2.5, 8.0]
-    assert steady["latency_censored"] == 2
+    assert steady["latencies"] == [1.0, 2.0, 2.5, 8.0]
+    assert steady["latency_censored"] == 1
     assert steady["latency_p99_s"] == 8.0
     assert steady["latency_max_s"] == 8.0  # the cut-off turn, with its time so far
 
@@ -253,7 +252,10 @@ def test_a_turn_the_client_gave_up_on_is_in_the_tail_not_dropped() -> None:
     records = [_rec(f"s{i}", 0, 1.0, 2.0) for i in range(9)]
     records.append(_rec("held", 0, 1.0, 301.0, error="APITimeoutError: Request timed out.",
                         error_type="APITimeoutError"))  # held back past the client's timeout
+    records.append(_rec("refused", 0, 1.0, 1.01, error="BadRequestError: too long",
+                        error_type="BadRequestError"))  # refused at once: says nothing
     steady = live_report.steady_figures(records, 0.0, 400.0)
+    assert len(steady["latencies"]) == 10
     assert steady["latency_max_s"] == 300.0 and steady["latency_p99_s"] == 300.0
     assert steady["latency_censored"] == 1
 

@@ -1013,7 +1013,8 @@ def test_an_unreadable_card_does_not_stop_the_worker_watch() -> None:
 
     h = Harness()
     h.client.ids = [A, B, C]  # C joins with a good card while B's card cannot be read
-    h.cards.cards = {str(A): model_card(64), str(B): "[]", str(C): model_card(32)}
+    h.cards.cards = {str(A): model_card(64), str(B): "[]", str(C): model_card(32),
+                     "44": "[]"}  # a card left behind by a worker that is gone: not listed
     with capture_logs() as logs:
         assert h.router.refresh_workers() is True
         h.router.refresh_workers()  # the same bad card again: said once
