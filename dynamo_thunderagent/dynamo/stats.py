@@ -1,4 +1,4 @@
-"""What the router counts (GET /state, docs/state.md).
+"""What the router counts (GET /state, docs/metrics.md, "The state endpoint").
 
 The counters add up: every request the router receives ends in exactly one of
 passthrough, completed, aborted, rejected, session_final, cancelled or orphans
