@@ -100,6 +100,7 @@ class PolicyReloader:
         # running policy was read (serve reads it, then waits for workers: an edit made
         # meanwhile is a change), else now; and again at every reload.
         self._seen = seen if seen is not None else signature(self.path)
+        self._settling: tuple[int, int, int] | None = None  # a change not yet read (poll)
 
     def reload(self, trigger: str = "SIGHUP") -> ReloadPlan:
         """Read, validate and apply the policy file; the old policy stays on any failure."""
@@ -140,16 +141,29 @@ class PolicyReloader:
                 "worker_selection": self.policy.describe().get("worker_selection")}
 
     async def watch(self, interval: float = 1.0) -> None:
-        """Reload whenever the file changes (its size, modification time or inode)."""
+        """Reload whenever the file changes (its size, modification time or inode), once
+        it has stayed the same for ``interval`` (:meth:`poll` every ``interval``)."""
         while True:
             await asyncio.sleep(interval)
-            now = signature(self.path)
-            if now != self._seen and now is not None:
-                try:
-                    self.reload(trigger="file changed")
-                except Exception as error:  # keep watching: the next edit may fix it
-                    log.exception("policy.reload_failed", source=self.path,
-                                  error=repr(error), kept="the running policy")
+            self.poll()
+
+    def poll(self) -> ReloadPlan | None:
+        """One look at the file: reload it if it changed and has not changed since the last
+        look (a file still being written is not read half-way); the plan, or None."""
+        now = signature(self.path)
+        if now is None or now == self._seen:
+            self._settling = None
+            return None
+        if now != self._settling:
+            self._settling = now  # changed since the last look: let the writer finish
+            return None
+        self._settling = None
+        try:
+            return self.reload(trigger="file changed")
+        except Exception as error:  # keep watching: the next edit may fix it
+            log.exception("policy.reload_failed", source=self.path,
+                          error=repr(error), kept="the running policy")
+            return None
 
 
 def signature(path: str) -> tuple[int, int, int] | None:

@@ -240,6 +240,21 @@ async def test_the_file_watch_survives_a_reload_that_raises(tmp_path: Path) -> N
         watch.cancel()
 
 
+def test_the_watch_reads_a_file_only_once_it_has_stopped_changing(tmp_path: Path) -> None:
+    path = _write(tmp_path / "policy.yaml", 0.9)
+    reloader, classifier = _reloader(path)
+    whole = path.read_text(encoding="utf-8").replace("0.9", "0.85")
+    path.write_text(whole[: len(whole) // 2], encoding="utf-8")  # a writer half-way through
+    assert reloader.poll() is None  # changed since the last look: not read yet
+    path.write_text(whole, encoding="utf-8")  # the writer finishes
+    assert reloader.poll() is None  # changed again: still settling
+    plan = reloader.poll()  # the same as a look ago: read now
+    assert plan is not None and plan.result == "ok"
+    assert classifier.scheduler.params.pause_threshold == 0.85
+    assert reloader.reloads == {"ok": 1, "invalid": 0, "needs_restart": 0}  # none half-read
+    assert reloader.poll() is None  # nothing new
+
+
 async def test_an_edit_made_while_serve_starts_is_reloaded_by_the_watch(tmp_path: Path) -> None:
     from dynamo_thunderagent.dynamo.reload import signature
 
