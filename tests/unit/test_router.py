@@ -427,17 +427,22 @@ async def test_a_second_turn_of_a_session_waits_for_the_first_to_complete() -> N
     assert order == ["Sent:r1", "Completed:r1", "Sent:r2", "Completed:r2"]
 
 
-async def test_a_new_program_without_room_is_deferred_until_a_tick_resumes_it() -> None:
-    # One worker of 160 tokens; usage may reach 152 (0.95) and resumes below 136 (0.85).
-    h = Harness(blocks=10, buffer_per_program=0, acting_decay_tau_seconds=1.0)
+async def _small_waits_behind_big(tau: float) -> tuple[Harness, asyncio.Task[Any]]:
+    """One worker of 160 tokens (usage may reach 152, 0.95; resumes below 136, 0.85): "big"
+    ran a turn and is ACTING with 123 tokens; "small"'s first turn (100) waits for room."""
+    h = Harness(blocks=10, buffer_per_program=0, acting_decay_tau_seconds=tau)
     h.client.ids = [A]
     h.cards.cards = {str(A): model_card(10)}
     h.kv.loads = {A: 0}
     h.router.refresh_workers()
-    await collect(h.router, turn("big", tokens=120), "r1")  # ACTING with 123 tokens
-
+    await collect(h.router, turn("big", tokens=120), "r1")
     waiting = asyncio.create_task(collect(h.router, turn("small", tokens=100), "r2"))
     await until(lambda: "small" in h.classifier.scheduler.table.programs, "admission ran")
+    return h, waiting
+
+
+async def test_a_new_program_without_room_is_deferred_until_a_tick_resumes_it() -> None:
+    h, waiting = await _small_waits_behind_big(tau=1.0)
     for _ in range(20):
         await asyncio.sleep(0)
     assert not waiting.done() and len(h.kv.requests) == 1
@@ -458,14 +463,7 @@ async def test_a_new_program_without_room_is_deferred_until_a_tick_resumes_it() 
 
 
 async def test_a_wait_its_client_gave_up_on_stays_censored_after_it_ends() -> None:
-    h = Harness(blocks=10, buffer_per_program=0, acting_decay_tau_seconds=1e9)
-    h.client.ids = [A]
-    h.cards.cards = {str(A): model_card(10)}
-    h.kv.loads = {A: 0}
-    h.router.refresh_workers()
-    await collect(h.router, turn("big", tokens=120), "r1")
-    waiting = asyncio.create_task(collect(h.router, turn("small", tokens=100), "r2"))
-    await until(lambda: "small" in h.classifier.scheduler.table.programs, "admission ran")
+    h, waiting = await _small_waits_behind_big(tau=1e9)  # "big" keeps its room
     h.clock.now += 12
     waiting.cancel()  # the client leaves, as a benchmark's do when its window closes
     with pytest.raises(asyncio.CancelledError):
