@@ -13,7 +13,7 @@ on a worker that left, every ``refresh_interval`` seconds), the scheduler tick (
 ``classifier.tick_interval``), and an optional loopback HTTP server with the
 router's state for operators and tests.
 
-(About 715 lines: ``generate`` is one handler because every request must end in exactly
+(About 765 lines: ``generate`` is one handler because every request must end in exactly
 one terminal state, and its ``try`` blocks are what guarantee that, failover included; the
 chunk-level translation and the lifecycle tracking it calls live in ``translate.py``, what
 a worker's error says and a failed turn's continuation in ``failover.py``, and which

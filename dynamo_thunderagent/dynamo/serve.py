@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -144,13 +145,13 @@ def _keep_hangups() -> list[int]:
     return kept
 
 
+@dataclass(frozen=True)
 class _Startup:
     """What serve saw before the reloader existed: the policy file's signature when it
     was read, and the SIGHUPs received since."""
 
-    def __init__(self, seen: tuple[int, int, int] | None, hangups: list[int]) -> None:
-        self.seen = seen
-        self.hangups = hangups
+    seen: tuple[int, int, int] | None
+    hangups: list[int]
 
 
 async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_path: str,

@@ -327,7 +327,7 @@ def capacity_cards(
 
 def _capacity_card(worker_id: str, raw: str | Mapping[str, Any]) -> dict[WorkerKey, CapacityCard]:
     """One worker's ranks and their card; ValueError says what cannot be read."""
-    wid = _whole(worker_id, "the worker id", 0)
+    wid = _whole(worker_id, "the worker id")
     card = json.loads(raw) if isinstance(raw, str) else raw  # JSONDecodeError is a ValueError
     if not isinstance(card, Mapping):
         raise ValueError(f"the model card is a JSON {type(card).__name__}, not an object")
@@ -338,14 +338,14 @@ def _capacity_card(worker_id: str, raw: str | Mapping[str, Any]) -> dict[WorkerK
     block_size = card.get("kv_cache_block_size")
     if not blocks or not block_size:
         return {}
-    blocks = _whole(blocks, "runtime_config.total_kv_blocks", 0)
-    block_size = _whole(block_size, "kv_cache_block_size", 0)
+    blocks = _whole(blocks, "runtime_config.total_kv_blocks")
+    block_size = _whole(block_size, "kv_cache_block_size")
     if blocks == 0 or block_size == 0:
         return {}
     start = _whole(runtime.get("data_parallel_start_rank") or 0,
-                   "runtime_config.data_parallel_start_rank", 0)
+                   "runtime_config.data_parallel_start_rank")
     size = max(1, _whole(runtime.get("data_parallel_size") or 1,
-                         "runtime_config.data_parallel_size", 0))
+                         "runtime_config.data_parallel_size"))
     if size > MAX_DP_RANKS:
         raise ValueError(f"runtime_config.data_parallel_size must be at most {MAX_DP_RANKS}, "
                          f"got {size}")
@@ -353,9 +353,9 @@ def _capacity_card(worker_id: str, raw: str | Mapping[str, Any]) -> dict[WorkerK
             for rank in range(start, start + size)}
 
 
-def _whole(value: Any, name: str, minimum: int) -> int:
-    """``value`` as a whole number >= ``minimum`` (an int, or a string of one); else
-    ValueError naming ``name``, what is allowed and what it got."""
+def _whole(value: Any, name: str) -> int:
+    """``value`` as a whole number >= 0 (an int, or a string of one); else ValueError
+    naming ``name``, what is allowed and what it got."""
     number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
@@ -364,8 +364,8 @@ def _whole(value: Any, name: str, minimum: int) -> int:
             number = int(value.strip())
         except ValueError:
             number = None
-    if number is None or number < minimum:
-        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r:.60}")
+    if number is None or number < 0:
+        raise ValueError(f"{name} must be a whole number >= 0, got {value!r:.60}")
     return number
 
 
