@@ -5,7 +5,7 @@ tick) and mocker workers, does something a production deployment meets (a worker
 router killed mid-load, a worker hung, the router frozen past its discovery lease, clients
 leaving in a storm, requests the engine refuses, oversize prompts, a flood of session ids,
 malformed session headers, workers with data-parallel ranks, a worker replaced while agents
-run) and ends with the same checks (:func:`settles`):
+run, a worker's model card made unreadable) and ends with the same checks (:func:`settles`):
 
 * every request the router took reached exactly one terminal state (its counters add up:
   completed + aborted + rejected + session-final + cancelled + orphaned + pass-through);
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import signal
 import time
@@ -433,6 +434,100 @@ async def test_a_hung_lone_worker_s_turn_ends_with_an_error_that_names_it_not_a_
         await asyncio.to_thread(stack.restart_worker, 0)
         await asyncio.to_thread(wait_until_ready, stack, 1)
         settles(stack, "a hung lone worker")
+
+
+# ---- a worker's model card that cannot be read -----------------------------------------------
+def rewrite_card(stack: Any, worker_id: int, change: Callable[[dict[str, Any]], None]) -> None:
+    """Register ``worker_id``'s model card again with ``change`` applied, as the file store
+    sees a worker re-register: the card goes (the router sees the worker without one), then
+    comes back changed. Dynamo's file store notices neither an edit in place nor a file
+    replaced before its watch has seen it go."""
+    from dynamo_thunderagent.stack.discovery import MODEL_CARD_PREFIX
+
+    for path in sorted((stack.kv_dir / MODEL_CARD_PREFIX).iterdir()):
+        registration = json.loads(path.read_text(encoding="utf-8"))
+        if registration.get("instance_id") == worker_id:
+            change(registration["card_json"])
+            staged = path.with_name(path.name + ".new")
+            staged.write_text(json.dumps(registration), encoding="utf-8")
+            path.unlink()
+            wait_for_state(stack, lambda s: not any(
+                key.startswith(f"{worker_id}/") and rank["capacity_tokens"]
+                for key, rank in s["scheduler"]["ranks"].items()),
+                f"the router to see worker {worker_id} without a card", 30)
+            staged.rename(path)
+            return
+    raise AssertionError(f"no model card of worker {worker_id} in {stack.kv_dir}")
+
+
+async def test_a_worker_s_unreadable_model_card_costs_only_that_worker(
+        tmp_path: Path) -> None:
+    # One live worker's card stops reading (a field that is not a whole number): the router
+    # names it in /state and its log, and its worker watch goes on for every other worker.
+    # Before, the bad card made every refresh fail, so the router never saw the other worker
+    # die or come back. Dynamo's own KV router cannot read that card either and stops
+    # routing to the worker, so while the other worker is down, turns fail, each with an
+    # error that says so, and none hangs.
+    with start_stack(tmp_path) as stack:
+        await asyncio.to_thread(wait_until_ready, stack, 2)
+        outcomes = Outcomes()
+        sessions = [f"card-{i}" for i in range(4)]
+        client, stop = async_client(stack, timeout=60), asyncio.Event()
+        spoilt, other = stack.worker_instances()[0], stack.worker_instances()[1]
+        saved: dict[str, Any] = {}
+
+        def spoil(card: dict[str, Any]) -> None:
+            saved.update(card["runtime_config"])
+            card["runtime_config"]["total_kv_blocks"] = "lots"
+
+        async def served_again(what: str) -> None:
+            mark = outcomes.ok
+            await asyncio.to_thread(
+                wait_for_state, stack, lambda _: outcomes.ok >= mark + 2 * len(sessions),
+                what, 90)
+
+        async with agents_running(
+                lambda session: agent_turns(client, session, stop, outcomes, max_tokens=24),
+                sessions, client, stop, timeout=90):
+            await asyncio.to_thread(
+                wait_for_state, stack,
+                lambda s: all(programs(s).get(x, {}).get("steps", 0) >= 2 for x in sessions),
+                "two turns of every agent")
+            await asyncio.to_thread(rewrite_card, stack, spoilt, spoil)
+            state = await asyncio.to_thread(
+                wait_for_state, stack, lambda s: str(spoilt) in s["unreadable_cards"],
+                "the router to name the unreadable card", 30)
+            assert "total_kv_blocks" in state["unreadable_cards"][str(spoilt)]
+            assert "'lots'" in state["unreadable_cards"][str(spoilt)]
+            await served_again("two more turns per agent beside the unreadable card")
+            assert outcomes.errors == [], outcomes.errors
+            # The watch still follows the other worker: killed, noticed; back, counted.
+            stack.kill_worker(1)
+            await asyncio.to_thread(
+                wait_for_state, stack, lambda s: s["live_workers"] == [spoilt],
+                "the router to notice the killed worker despite the unreadable card", 60)
+            await asyncio.to_thread(stack.restart_worker, 1)
+            replacement = stack.worker_instances()[1]
+            await asyncio.to_thread(
+                wait_for_state, stack, lambda s: any(
+                    key.startswith(f"{replacement}/") and rank["capacity_tokens"]
+                    for key, rank in s["scheduler"]["ranks"].items()),
+                "the replacement worker's capacity in the router's view", 60)
+            await served_again("two more turns per agent on the replacement worker")
+        # Turns sent while no worker Dynamo could route to was up failed with an error (a
+        # timeout or an empty message would have failed the agent).
+        log = stack.router.log_path.read_text(errors="replace")
+        assert "workers.card_unreadable" in log and str(spoilt) in log
+        # A readable card again: the worker's capacity is back and nothing is named.
+        rewrite_card(stack, spoilt, lambda card: card["runtime_config"].update(saved))
+        await asyncio.to_thread(
+            wait_for_state, stack,
+            lambda s: not s["unreadable_cards"] and any(
+                key.startswith(f"{spoilt}/") and rank["capacity_tokens"]
+                for key, rank in s["scheduler"]["ranks"].items()),
+            "the worker's capacity back once its card reads", 30)
+        assert other not in get_state(stack)["live_workers"]
+        settles(stack, "an unreadable model card")
 
 
 # ---- the router killed and restarted -------------------------------------------------------
