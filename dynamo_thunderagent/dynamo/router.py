@@ -8,16 +8,16 @@ Request path (one asyncio task per request, driven by Dynamo)::
         chunks streamed back unchanged, lifecycle events to the classifier
         (a worker that fails the stream: the rest from another one, _fail_over)
 
-Background tasks: a worker watch (live instance ids + capacity cards, and streams stalled
-on a worker that left, every ``refresh_interval`` seconds), the scheduler tick (every
-``classifier.tick_interval``), and an optional loopback HTTP server with the
-router's state for operators and tests.
+Background tasks: a worker watch (live instance ids + capacity cards, read through
+``workers.py``, and streams stalled on a worker that left, every ``refresh_interval``
+seconds), the scheduler tick (every ``classifier.tick_interval``), and an optional loopback
+HTTP server with the router's state for operators and tests.
 
-(About 765 lines: ``generate`` is one handler because every request must end in exactly
+(About 660 lines: ``generate`` is one handler because every request must end in exactly
 one terminal state, and its ``try`` blocks are what guarantee that, failover included; the
 chunk-level translation and the lifecycle tracking it calls live in ``translate.py``, what
-a worker's error says and a failed turn's continuation in ``failover.py``, and which
-streams are stalled in ``stalls.py``.)
+a worker's error says and a failed turn's continuation in ``failover.py``, which streams
+are stalled in ``stalls.py``, and the view of the workers in ``workers.py``.)
 """
 
 from __future__ import annotations
@@ -46,27 +46,18 @@ from dynamo_thunderagent.classifier import (
     Sent,
 )
 from dynamo_thunderagent.costs import TurnTiming
-from dynamo_thunderagent.dynamo.block_size import card_block_sizes
-from dynamo_thunderagent.dynamo.failover import (
-    Continuation,
-    address_in_error,
-    may_fail_over,
-    worker_at,
-    worker_lost,
-)
+from dynamo_thunderagent.dynamo.failover import Continuation, may_fail_over, worker_lost
 from dynamo_thunderagent.dynamo.stalls import StallWatch, Watched, WorkerLeft
 from dynamo_thunderagent.dynamo.stats import (
     PROBE_SESSION_PREFIX,
     RouterObserver,
     RouterStats,
     bounded_state,
-    exposed_workers_due,
     missing_sessions_due,
 )
 from dynamo_thunderagent.dynamo.translate import (
     BadSessionHeader,
     StreamTracker,
-    capacity_cards,
     classify_request,
     for_frontend,
     pin_request,
@@ -74,16 +65,12 @@ from dynamo_thunderagent.dynamo.translate import (
     worker_loads,
 )
 from dynamo_thunderagent.dynamo.waiting import until_stopped
+from dynamo_thunderagent.dynamo.workers import CardSource, ClientLike, WorkerWatch
 from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.selector import NoEligibleWorker, WorkerLoad, WorkerSelector
 
 log = structlog.get_logger("dynamo_thunderagent.router")
 
-# A worker that failed a request before its first chunk is treated as gone for this
-# long. Discovery keeps a killed worker listed until its lease expires (about 10 s
-# with file discovery); without this, sticky programs would keep failing on it and
-# new programs could be placed on it because it looks idle.
-UNREACHABLE_SECONDS = 15.0
 # A turn whose worker fails it mid-stream or before its first chunk goes on on another
 # live worker, at most this many times (each move is logged as request.failover).
 FAILOVER_LIMIT = 2
@@ -119,14 +106,6 @@ class KvRouterLike(Protocol):
     async def get_potential_loads(self, token_ids: list[int]) -> list[dict[str, int]]: ...
 
 
-class ClientLike(Protocol):
-    def instance_ids(self) -> list[int]: ...
-
-
-class CardSource(Protocol):
-    def get_model_cards(self) -> dict[str, str]: ...
-
-
 class ThunderAgentRouter:
     """Applies classifier and selector decisions to a Dynamo KV router."""
 
@@ -147,12 +126,9 @@ class ThunderAgentRouter:
         self.classifier = classifier
         self.selector = selector
         self.kv_router = kv_router
-        self.client = client
-        self.cards = cards
+        self.workers = WorkerWatch(client, cards, clock=clock, exposed=exposed,
+                                   exposed_endpoint=exposed_endpoint)
         self.block_size = block_size
-        # The KV block sizes the workers' model cards state, every card counted (serve
-        # compares them with its KV router's, block_size.py).
-        self.stated_block_sizes: set[int] = set()
         self.refresh_interval = refresh_interval
         self.clock = clock
         self.stats = RouterStats()
@@ -163,25 +139,12 @@ class ThunderAgentRouter:
         # scheduler's business and may even repeat a tracked one's.
         self.in_flight: dict[str, StreamTracker] = {}
         self.passthrough_in_flight = 0
-        self._live: frozenset[int] = frozenset()
-        self._unreachable: dict[int, float] = {}  # worker id -> until (clock time)
         # Prompt tokens of failovers sent to each worker/rank and not yet answered.
         self._pending_failovers: dict[WorkerKey, int] = {}
         # Every stream being forwarded, by ticket: the worker watch cuts those stalled on a
         # worker that has left (stalls.py), and failover carries them on.
         self.stalls = StallWatch()
-        self._card_keys: frozenset[WorkerKey] = frozenset()
-        # Live workers whose model card could not be read, with why: their capacity is
-        # unknown (GET /state ``unreadable_cards``; logged when the set changes).
-        self.unreadable_cards: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        # Workers serving under the workers' component/endpoint name in the router's own
-        # namespace (``exposed_endpoint``): a frontend scoped to that namespace reaches them
-        # directly, and their requests never see the program table.
-        self.exposed = exposed
-        self.exposed_endpoint = exposed_endpoint
-        self._exposed: frozenset[int] = frozenset()
-        self._exposed_warned_at: float | None = None
         self._sessions_notice_at: float | None = None
         # More parts of /state, by key (the policy reloader, the lifecycle notifications).
         self.state_extensions: dict[str, Callable[[], Any]] = {}
@@ -430,7 +393,7 @@ class ThunderAgentRouter:
         self, request: dict[str, Any], admission: Admission
     ) -> tuple[dict[str, Any], WorkerKey | None]:
         """The request to send and the worker/rank it is pinned to (None: KV router's pick)."""
-        live = self._live_ids()
+        live = self.workers.live_ids()
         if not admission.tracked:
             # No session: the KV router's own choice. A turn run alongside its session's
             # running one: pinned where that turn runs (their shared prompt is cached there).
@@ -507,7 +470,7 @@ class ThunderAgentRouter:
         pending = self._pending_failovers
         candidates = [
             WorkerLoad(c.worker, c.prefill_tokens + pending.get(c.worker, 0), c.decode_blocks)
-            for c in worker_loads(loads, self._live_ids())
+            for c in worker_loads(loads, self.workers.live_ids())
             if c.worker.worker_id not in continuation.failed_workers]
         try:
             chosen = self.selector.select(candidates, None, self.block_size)
@@ -530,16 +493,7 @@ class ThunderAgentRouter:
         and deadline errors do. None when neither tells."""
         if serving is not None:
             return serving.worker_id
-        address = None if lost is None else address_in_error(lost)
-        if address is None:
-            return None
-        instances = getattr(self.client, "instances", None)  # Dynamo's Client has it
-        if instances is None:
-            return None
-        with contextlib.suppress(Exception):
-            return worker_at(address, ((i.instance_id, i.transport.address)
-                                       for i in instances()))
-        return None
+        return None if lost is None else self.workers.worker_at_address(lost)
 
     def _landed(self, continuation: Continuation) -> None:
         """A failover's stream answered or ended: its load is the KV router's to count."""
@@ -553,20 +507,8 @@ class ThunderAgentRouter:
         else:
             self._pending_failovers.pop(worker, None)
 
-    def _live_ids(self) -> frozenset[int]:
-        """Live workers by discovery, less those that just failed to take a request."""
-        now = self.clock()
-        for worker_id in [w for w, until in self._unreachable.items() if until <= now]:
-            del self._unreachable[worker_id]
-        return frozenset(self.client.instance_ids()) - set(self._unreachable)
-
     def _mark_unreachable(self, worker_id: int) -> None:
-        if not self._live_ids() - {worker_id}:
-            return  # the only live worker: avoiding it would leave nobody to serve
-        new = worker_id not in self._unreachable
-        self._unreachable[worker_id] = self.clock() + UNREACHABLE_SECONDS
-        if new:
-            log.warning("worker.unreachable", worker_id=worker_id, seconds=UNREACHABLE_SECONDS)
+        if self.workers.put_aside(worker_id):
             with contextlib.suppress(Exception):
                 self.refresh_workers()  # move its programs now, not at the next refresh
 
@@ -594,53 +536,17 @@ class ThunderAgentRouter:
     # ---- background -------------------------------------------------------------
     def refresh_workers(self) -> bool:
         """Read liveness and capacity cards; tell the classifier. True if changed."""
-        live = self._live_ids()
-        model_cards = self.cards.get_model_cards() if self.cards else {}
-        self.stated_block_sizes = card_block_sizes(model_cards)
-        unreadable: dict[str, str] = {}
-        cards = capacity_cards(model_cards, unreadable)
-        cards = {k: v for k, v in cards.items() if k.worker_id in live}
-        # Cards of workers that have left say nothing about the workers that serve.
-        unreadable = {w: why for w, why in unreadable.items() if _live_id(w, live)}
-        if unreadable != self.unreadable_cards:
-            for worker_id, why in sorted(unreadable.items()):
-                if self.unreadable_cards.get(worker_id) != why:
-                    log.warning("workers.card_unreadable", worker_id=worker_id, error=why,
-                                effect="this worker's KV capacity is unknown until its "
-                                       "card reads")
-            self.unreadable_cards = unreadable
-        self.classifier.update_workers(live, cards)
-        block_sizes = {card.block_size for card in cards.values()}
+        read = self.workers.read()
+        self.classifier.update_workers(read.live, read.cards)
+        block_sizes = {card.block_size for card in read.cards.values()}
         if len(block_sizes) == 1:
             self.block_size = block_sizes.pop()
-        changed = live != self._live or frozenset(cards) != self._card_keys
-        if changed:
-            log.info("workers.changed", live=sorted(live),
-                     ranks={str(k): v.tokens for k, v in sorted(cards.items())})
-        self._live, self._card_keys = live, frozenset(cards)
-        self._check_exposed()
-        return changed
-
-    def _check_exposed(self) -> None:
-        """Warn while workers serve where the frontend reaches them directly (at the first
-        refresh, on every change, else at most once a minute)."""
-        if self.exposed is None:
-            return
-        exposed = frozenset(self.exposed.instance_ids())
-        now = self.clock()
-        if exposed_workers_due(exposed, self._exposed, self._exposed_warned_at, now):
-            self._exposed_warned_at = now
-            log.warning("workers.exposed", endpoint=self.exposed_endpoint,
-                        instances=sorted(exposed),
-                        hint="these workers serve in the router's namespace, so the frontend "
-                             "routes requests to them directly, around the scheduler; start "
-                             "them with --endpoint in the workers' namespace")
-        self._exposed = exposed
+        return read.changed
 
     def cut_stalled_streams(self) -> int:
         """Cut the streams stalled on a worker that discovery no longer lists (see
         stalls.py): each fails over as its worker's failure. Returns how many."""
-        listed = frozenset(self.client.instance_ids())
+        listed = self.workers.listed()
         cut = 0
         for watched in self.stalls.stalled(listed, self.clock()):
             if watched.pending is not None and watched.pending.cancel():
@@ -717,22 +623,10 @@ class ThunderAgentRouter:
             "scheduler": bounded_state(self.classifier.snapshot()),
             "router": self.stats.as_dict(self.clock()),
             "in_flight": len(self.in_flight) + self.passthrough_in_flight,
-            "live_workers": sorted(self._live),
-            "unreachable_workers": sorted(self._unreachable),
-            "unreadable_cards": dict(self.unreadable_cards),
-            "exposed_workers": sorted(self._exposed),
-            "exposed_endpoint": self.exposed_endpoint,
+            **self.workers.state(),
             "block_size": self.block_size,
             **{key: part() for key, part in self.state_extensions.items()},
         }
-
-
-def _live_id(worker_id: str, live: frozenset[int]) -> bool:
-    """Whether a model card's key names a live worker (a key that is no number names none)."""
-    try:
-        return int(worker_id) in live
-    except ValueError:
-        return False
 
 
 def _cut_by_the_watch(watched: Watched) -> bool:

@@ -227,8 +227,9 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     instance_id = _instance_id(endpoint)
     keeping = _keep_registration(instance_id, router)
     serving.add_done_callback(lambda _: keeping())  # the endpoint ended: it deregistered
-    router.state_extensions["kv_router"] = lambda: report(block_size, router.stated_block_sizes)
-    watching = [loop.create_task(_watch_block_size(router, block_size)),
+    router.state_extensions["kv_router"] = lambda: report(block_size,
+                                                          router.workers.stated_block_sizes)
+    watching = [loop.create_task(_watch_block_size(router.workers, block_size)),
                 loop.create_task(_watch_peers(runtime, instance_id, router_path, router))]
     log.info("router.serving", endpoint=router_path, workers=worker_path,
              model=args.model_name, policy=policy.source,
@@ -250,15 +251,15 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
         raise serving.exception()  # type: ignore[misc]
 
 
-async def _watch_block_size(router: Any, kv_router_block_size: int,
+async def _watch_block_size(workers: Any, kv_router_block_size: int,
                             every: float = 5.0) -> None:
-    """Log, once per set of sizes, when the workers' cards (as the router's refresh last
-    read them) come to state another KV block size than the KV router was built with
-    (:mod:`dynamo_thunderagent.dynamo.block_size`); /state ``kv_router`` shows it all
-    along."""
+    """Log, once per set of sizes, when the workers' cards (as the router's worker watch,
+    ``workers``, last read them) come to state another KV block size than the KV router
+    was built with (:mod:`dynamo_thunderagent.dynamo.block_size`); /state ``kv_router``
+    shows it all along."""
     warned: set[frozenset[int]] = set()
     while True:
-        sizes = set(router.stated_block_sizes)
+        sizes = set(workers.stated_block_sizes)
         problem = mismatch(kv_router_block_size, sizes)
         if problem is not None and frozenset(sizes) not in warned:
             warned.add(frozenset(sizes))

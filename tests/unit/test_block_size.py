@@ -89,15 +89,15 @@ async def test_the_wait_for_a_card_is_bounded() -> None:
 
 
 async def test_the_router_says_once_when_the_cards_come_to_disagree() -> None:
-    class Router:
+    class Workers:  # the router's worker watch, as far as the check reads it
         stated_block_sizes: set[int] = set()
 
-    router = Router()
+    workers = Workers()
     with capture_logs() as logs:
-        task = asyncio.create_task(_watch_block_size(router, 16, every=0.01))
+        task = asyncio.create_task(_watch_block_size(workers, 16, every=0.01))
         try:
             await asyncio.sleep(0.05)  # no card yet: nothing to say
-            router.stated_block_sizes = {64}  # workers started later, read by the refresh
+            workers.stated_block_sizes = {64}  # workers started later, read by the refresh
             await asyncio.sleep(0.1)  # several passes: said once
         finally:
             task.cancel()

@@ -997,7 +997,7 @@ def test_refresh_workers_passes_live_ids_and_their_cards_to_the_classifier() -> 
     assert h.router.refresh_workers() is True
     assert seen[-1] == ({A, B}, {WorkerKey(A): CapacityCard(64, 32)})
     assert h.router.block_size == 32  # the cards' block size replaces the default
-    assert h.router.stated_block_sizes == {32}  # every card's, for serve's KV-router check
+    assert h.router.workers.stated_block_sizes == {32}  # every card's, for serve's KV-router check
 
     assert h.router.refresh_workers() is False  # nothing changed
     h.client.ids = [B]

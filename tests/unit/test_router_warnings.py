@@ -101,8 +101,8 @@ async def test_doctor_probes_are_counted_apart_and_stay_out_of_the_session_share
 def _exposed_harness(ids: list[int]) -> tuple[Harness, FakeClient]:
     h = Harness()
     exposed = FakeClient(ids)
-    h.router.exposed = exposed
-    h.router.exposed_endpoint = "ta.backend.generate"
+    h.router.workers.exposed = exposed
+    h.router.workers.exposed_endpoint = "ta.backend.generate"
     return h, exposed
 
 
