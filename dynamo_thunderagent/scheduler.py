@@ -222,7 +222,13 @@ class Scheduler:
         if input_tokens < 0:
             return self._reject(d, request_id, "invalid_input_tokens",
                                 f"input_tokens must be >= 0, got {input_tokens}")
-        if len(table.requests) >= limit:
+        program = table.programs.get(session_id)
+        # A session-final request that ends its program at once (none, or one with no
+        # turn running or queued) holds no entry past this call: never refused for room,
+        # since refusing it would keep a finished program's charge on its rank.
+        ends_now = session_final and (
+            program is None or (program.current is None and not program.waiting))
+        if len(table.requests) >= limit and not ends_now:
             return self._reject(d, request_id, "max_tracked_requests",
                                 f"the scheduler already tracks {limit} requests "
                                 f"(max_tracked_requests={limit}); retry later")
@@ -233,7 +239,6 @@ class Scheduler:
                                 f"the prompt has {input_tokens} tokens, more "
                                 f"than the KV capacity of any worker/rank (largest: "
                                 f"{largest} tokens); shorten it or add larger workers")
-        program = table.programs.get(session_id)
         if session_final:
             if program is None:
                 d.released.append(Release(request_id, None, session_final=True))

@@ -5,7 +5,8 @@ tick) and mocker workers, does something a production deployment meets (a worker
 router killed mid-load, a worker hung, the router frozen past its discovery lease, clients
 leaving in a storm, requests the engine refuses, oversize prompts, a flood of session ids,
 malformed session headers, workers with data-parallel ranks, a worker replaced while agents
-run, a worker's model card made unreadable) and ends with the same checks (:func:`settles`):
+run, a worker's model card made unreadable, a session-final with every request slot
+taken) and ends with the same checks (:func:`settles`):
 
 * every request the router took reached exactly one terminal state (its counters add up:
   completed + aborted + rejected + session-final + cancelled + orphaned + pass-through);
@@ -818,6 +819,43 @@ async def test_a_session_cannot_queue_more_than_its_bound_and_its_queue_still_dr
         assert len(outcomes.errors) == 3
         assert all("max_turns_per_session=4" in e for e in outcomes.errors), outcomes.errors
         await asyncio.to_thread(settles, stack, "a session over its turn bound")
+
+
+async def test_a_session_final_goes_through_while_every_request_slot_is_taken(
+        tmp_path: Path) -> None:
+    # Every tracked-request slot held by turns running or queued: ending an idle session, or
+    # one the router never saw, needs no slot and is served; a new session's turn is
+    # refused naming the limit. (Before, the finals got "retry later" too, and the finished
+    # program kept its charge on its rank until it expired.)
+    import openai
+
+    async with a_long_turn_in_flight(tmp_path, "greedy", max_tracked_requests=3,
+                                     concurrent_turns="queue") as (stack, turn, outcomes, holder):
+        client = async_client(stack, timeout=60)
+        try:
+            await session_turns(client, outcomes, "idle")(4)  # one turn, then idle
+            other = asyncio.create_task(session_turns(client, outcomes, "other")(300))
+            queued = asyncio.create_task(turn(4))  # behind greedy's running turn
+            await asyncio.to_thread(
+                wait_for_state, stack,
+                lambda s: s["scheduler"]["tracked_requests"] == 3 and s["in_flight"] == 2,
+                "three requests tracked: two running, one queued")
+            for session in ("idle", "never-seen"):
+                reply = await client.chat.completions.create(
+                    model=MODEL, max_tokens=1, messages=[{"role": "user", "content": "done"}],
+                    extra_headers={SESSION: session, SESSION_FINAL: "true"})
+                assert reply.usage is not None and reply.usage.completion_tokens == 0, reply
+            state = get_state(stack)
+            assert "idle" not in programs(state) and state["router"]["session_final"] == 2
+            with pytest.raises(openai.BadRequestError, match="max_tracked_requests=3"):
+                await client.chat.completions.create(
+                    model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "hi"}],
+                    extra_headers={SESSION: "newcomer"})
+            await asyncio.gather(holder, other, queued)
+        finally:
+            await client.close()
+        assert outcomes.errors == [] and outcomes.ok == 4
+        await asyncio.to_thread(settles, stack, "a session-final at the request bound")
 
 
 async def test_a_sessions_concurrent_turns_run_alongside_with_the_extended_policy(

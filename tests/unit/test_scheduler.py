@@ -279,6 +279,31 @@ def test_max_tracked_requests_bounds_tracked_requests() -> None:
     assert "c" not in h.scheduler.table.programs
 
 
+def test_a_session_final_that_ends_its_program_at_once_is_never_refused_for_room() -> None:
+    # Every slot taken by turns in flight: the final of an idle program, and of a session
+    # with no program, take no slot and go through; the finished program's charge leaves
+    # its rank. (Before, both got "retry later", and the idle program kept its charge.)
+    h = make(max_tracked_requests=3)
+    h.workers({W0: 100_000})
+    h.acting_on("idle", W0, 500)
+    for session in ("a", "a", "b"):  # a's second turn queues behind its first
+        h.turn(session, 10)
+    assert len(h.scheduler.table.requests) == 3 and len(h.scheduler.table.programs) == 3
+    usage = h.scheduler.table.usage(W0)
+    rid, d = h.final("idle")
+    released = d.outcome(rid)
+    assert isinstance(released, Release) and released.session_final
+    assert "idle" not in h.scheduler.table.programs and d.removed == ["idle"]
+    assert h.scheduler.table.usage(W0) <= usage - 500  # its tokens (and buffer) are off
+    rid, d = h.final("nobody")
+    assert isinstance(d.outcome(rid), Release)
+    assert len(h.scheduler.table.requests) == 3  # the bound holds
+    # The final of a program with a turn in flight must wait in the table: refused.
+    rid, d = h.final("a")
+    outcome = d.outcome(rid)
+    assert isinstance(outcome, Reject) and "max_tracked_requests=3" in outcome.reason
+
+
 def test_max_tracked_requests_evicts_oldest_idle_program_before_refusing_a_new_one() -> None:
     h = make(max_tracked_requests=2)
     h.workers({W0: 100_000})
