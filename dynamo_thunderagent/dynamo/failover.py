@@ -10,6 +10,7 @@ client sees one stream (:class:`Continuation`).
 
 from __future__ import annotations
 
+import json
 import re
 from array import array
 from collections.abc import Iterable, Mapping
@@ -33,6 +34,12 @@ _NOT_THE_WORKER = frozenset({"InvalidArgument", "Cancelled", "RouterQueueLimitEx
 _WORKER_LOST = frozenset({"CannotConnect", "Disconnected", "ConnectionTimeout",
                           "EngineShutdown", "StreamIncomplete"})
 _LOST_PREFIXES = ("Unavailable:", "DeadlineExceeded: TCP request to ")
+# An error a worker's own handler sent: Dynamo 1.6.1 passes it on as text, "Unavailable:
+# Backend<kind>: ...". Of those kinds, the ones named in _WORKER_LOST say that its engine
+# is gone; the others (an exception in its handler, a slow engine, a refusal) come from a
+# worker that is there and answers.
+_BACKEND_ERROR = re.compile(r"\bBackend([A-Z][A-Za-z]*): ")
+_BACKEND_REFUSAL = "BackendInvalidArgument: "
 
 
 def may_fail_over(error: BaseException) -> bool:
@@ -40,17 +47,41 @@ def may_fail_over(error: BaseException) -> bool:
     refusal, Dynamo's own classes or a worker's (an unsupported option, a grammar that does
     not parse: Dynamo 1.6.1 passes these as text that holds "BackendInvalidArgument: ")."""
     return (type(error).__name__ not in _NOT_THE_WORKER
-            and "BackendInvalidArgument: " not in str(error))
+            and _BACKEND_REFUSAL not in str(error))
 
 
 def worker_lost(error: BaseException) -> bool:
     """Whether ``error`` says the worker itself is gone or unreachable (so it is avoided
     for a while), rather than that this one request failed on it: never a refusal, which a
-    live worker sends (Dynamo 1.6.1 passes a worker's own as "Unavailable: " text)."""
-    return may_fail_over(error) and (
-        type(error).__name__ in _WORKER_LOST
-        or isinstance(error, (ConnectionError, TimeoutError))
-        or str(error).startswith(_LOST_PREFIXES))
+    live worker sends (Dynamo 1.6.1 passes a worker's own as "Unavailable: " text), nor
+    any other error a worker's handler sent unless it says its engine is gone."""
+    if not may_fail_over(error):
+        return False
+    sent = _BACKEND_ERROR.search(str(error))
+    if sent is not None:
+        return sent.group(1) in _WORKER_LOST
+    return (type(error).__name__ in _WORKER_LOST
+            or isinstance(error, (ConnectionError, TimeoutError))
+            or str(error).startswith(_LOST_PREFIXES))
+
+
+def refusal(error: BaseException) -> str | None:
+    """What a refusal of the request itself says, for its client: Dynamo's
+    ``InvalidArgument``, or a worker's own (the ``message`` of the JSON Dynamo 1.6.1 passes
+    on after "BackendInvalidArgument: ", else the text there). None for any other error."""
+    if type(error).__name__ == "InvalidArgument":
+        return str(error)
+    text = str(error)
+    at = text.find(_BACKEND_REFUSAL)
+    if at < 0:
+        return None
+    said = text[at + len(_BACKEND_REFUSAL):].strip()
+    try:
+        body = json.loads(said)
+    except ValueError:
+        return said
+    message = body.get("message") if isinstance(body, dict) else None
+    return message if isinstance(message, str) and message else said
 
 
 # Dynamo 1.6.1's connection and deadline errors name the worker's request-plane address:
@@ -100,6 +131,7 @@ class Continuation:
     streamed: array[int] = field(default_factory=lambda: array("q"))
     carried: int = 0  # tokens streamed before the attempt now running began
     failovers: int = 0
+    total: int = 0  # tokens streamed to the client, kept or not
     overflowed: bool = False  # more than CONTINUATION_MAX_TOKENS streamed: not kept
     last_error: str | None = None  # the error the last attempt ended with
     failed_workers: set[int] = field(default_factory=set)  # ids that failed this turn
@@ -110,12 +142,20 @@ class Continuation:
     def carry(self, chunk: Mapping[str, Any]) -> None:
         """Note the tokens of a chunk about to reach the client."""
         tokens = chunk.get("token_ids")
+        self.total += len(tokens or ())
         if tokens and not self.overflowed:
             if len(self.streamed) + len(tokens) > CONTINUATION_MAX_TOKENS:
                 self.overflowed = True
                 self.streamed = array("q")
             else:
                 self.streamed.extend(tokens)
+
+    @property
+    def budget_spent(self) -> bool:
+        """Whether the tokens streamed so far fill the request's ``max_tokens``: a stream
+        cut then cost the client nothing but its finish."""
+        budget = (self.request.get("stop_conditions") or {}).get("max_tokens")
+        return budget is not None and self.total >= int(budget)
 
     def next_request(self) -> dict[str, Any] | None:
         """The request that goes on where the stream stopped, or None when nothing is

@@ -46,7 +46,12 @@ from dynamo_thunderagent.classifier import (
     Sent,
 )
 from dynamo_thunderagent.costs import TurnTiming
-from dynamo_thunderagent.dynamo.failover import Continuation, may_fail_over, worker_lost
+from dynamo_thunderagent.dynamo.failover import (
+    Continuation,
+    may_fail_over,
+    refusal,
+    worker_lost,
+)
 from dynamo_thunderagent.dynamo.stalls import StallWatch, Watched, WorkerLeft
 from dynamo_thunderagent.dynamo.stats import (
     PROBE_SESSION_PREFIX,
@@ -301,10 +306,11 @@ class ThunderAgentRouter:
                     moved = None
                 if moved is not None:
                     forwarded, target = moved
-                elif isinstance(lost, StreamCut):
+                elif isinstance(lost, StreamCut) and continuation.budget_spent:
+                    # Every token asked for reached the client: only the finish is missing.
                     self._report(admission, tracker.abort(str(lost)), sessionless)
                     break
-                else:
+                else:  # not carried on: the client gets the error, never a cut-short 200
                     raise lost
         except (GeneratorExit, asyncio.CancelledError) as error:  # the client went away
             self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"),
@@ -332,6 +338,10 @@ class ThunderAgentRouter:
             # would surface as a bare 400); Dynamo 1.6.1's frontend sends the client a canned
             # message for it and logs this one, where an operator finds the worker and why.
             where = f"worker {target}" if target is not None else "routing"
+            refused = refusal(error)
+            if refused is not None:  # the request's own fault: a 400 with the reason
+                raise _client_error(
+                    f"request {request_id} was refused at {where}: {refused}") from None
             raise RuntimeError(
                 f"request {request_id} failed at {where}: {type(error).__name__}: {error}"
             ) from error

@@ -9,6 +9,7 @@ from dynamo_thunderagent.dynamo.failover import (
     Continuation,
     address_in_error,
     may_fail_over,
+    refusal,
     worker_at,
     worker_lost,
 )
@@ -77,14 +78,34 @@ def test_which_errors_are_the_workers_and_which_may_fail_over() -> None:
     assert worker_lost(named("Disconnected")) and worker_lost(ConnectionResetError())
     assert not worker_lost(RuntimeError("engine hiccup"))
     assert may_fail_over(RuntimeError("engine hiccup"))
-    for refusal in ("InvalidArgument", "Cancelled", "RouterQueueLimitExceeded"):
-        assert not may_fail_over(named(refusal))
+    for kind in ("InvalidArgument", "Cancelled", "RouterQueueLimitExceeded"):
+        assert not may_fail_over(named(kind))
     # A worker's own refusal, as Dynamo 1.6.1 passes it on.
-    refusal = Exception(
+    refused = Exception(
         'Unavailable: BackendInvalidArgument: {"message": "bad grammar", "code": 400}')
-    assert not may_fail_over(refusal)
-    assert not worker_lost(refusal)  # a live worker sent it: not a reason to avoid it
+    assert not may_fail_over(refused)
+    assert not worker_lost(refused)  # a live worker sent it: not a reason to avoid it
     assert not worker_lost(RuntimeError("Unavailableness is not a connection error"))
+    # Other errors a live worker's handler sends: only those saying its engine is gone
+    # put it aside.
+    assert not worker_lost(Exception("Unavailable: BackendUnknown: ValueError: bad logprobs"))
+    assert not worker_lost(Exception("Unavailable: BackendResponseTimeout: engine slow"))
+    assert worker_lost(Exception("Unavailable: BackendEngineShutdown: engine stopped"))
+    assert worker_lost(Exception("Unavailable: BackendDisconnected: engine went away"))
+
+
+def test_what_a_refusal_says_to_its_client() -> None:
+    invalid = type("InvalidArgument", (Exception,), {})
+    assert refusal(invalid("max_tokens must be >= 1")) == "max_tokens must be >= 1"
+    assert refusal(Exception(
+        'Unavailable: BackendInvalidArgument: {"message": "bad grammar", "code": 400}'
+    )) == "bad grammar"
+    assert refusal(Exception("Unavailable: BackendInvalidArgument: not JSON here")) == (
+        "not JSON here")
+    assert refusal(Exception('Unavailable: BackendInvalidArgument: {"code": 400}')) == (
+        '{"code": 400}')
+    assert refusal(Exception("Unavailable: BackendUnknown: ValueError: x")) is None
+    assert refusal(ConnectionError("reset")) is None
 
 
 def test_the_worker_address_a_dynamo_error_names_finds_its_instance() -> None:

@@ -682,8 +682,11 @@ async def test_refusals_and_our_own_errors_are_not_failed_over(
         pass
 
     h.kv.fail_after_first_on[A] = InvalidArgument("bad sampling options")
-    with pytest.raises(RuntimeError, match="bad sampling options"):
+    # A refusal reaches the client as one (Dynamo's InvalidArgument: a 400 with the reason),
+    # not as a 500 whose message the frontend replaces.
+    with pytest.raises(Exception, match="refused at worker 11/0: bad sampling options") as no:
         await collect(h.router, turn("s"), "r1")
+    assert type(no.value).__name__ == "InvalidArgument"
     assert len(h.kv.requests) == 1
     del h.kv.fail_after_first_on[A]
 
@@ -741,10 +744,33 @@ async def test_a_workers_refusal_before_its_first_chunk_does_not_put_it_aside() 
     h = Harness()
     h.kv.fail_before_first[A] = Exception(
         'Unavailable: BackendInvalidArgument: {"message": "bad grammar", "code": 400}')
-    with pytest.raises(RuntimeError, match="bad grammar"):
+    # The client gets the worker's own reason with a 400, as stock Dynamo gives it.
+    with pytest.raises(Exception, match=r"refused at worker 11/0: bad grammar$") as no:
         await collect(h.router, turn("s"), "r1")
+    assert type(no.value).__name__ == "InvalidArgument"
     assert h.router.state()["unreachable_workers"] == []
     assert len(h.kv.requests) == 1 and h.router.stats.failovers == 0
+
+
+async def test_an_error_a_live_worker_sends_itself_does_not_put_workers_aside() -> None:
+    # A request every worker's handler fails on (say, more log-probabilities than it
+    # allows): Dynamo 1.6.1 passes the error on as "Unavailable: BackendUnknown: ...".
+    # Before, that read as a lost worker: the turn moved to a second worker, failed there
+    # too, and both were put aside for 15 s (their programs moved, their caches lost).
+    h = three_workers()
+    for worker in (A, B, C):
+        h.kv.fail_before_first[worker] = Exception(
+            "Unavailable: BackendUnknown: ValueError: requested 50 logprobs, max 20")
+    with pytest.raises(RuntimeError, match="requested 50 logprobs"):
+        await collect(h.router, turn("s"), "r1")
+    assert h.router.state()["unreachable_workers"] == []
+    assert h.router.stats.failovers == 1  # once, then the same error: the request's fault
+    # An engine gone behind a live worker still puts that worker aside.
+    h.kv.fail_before_first = {A: Exception(
+        "Unavailable: BackendEngineShutdown: the engine has stopped")}
+    chunks = await collect(h.router, turn("t"), "r2")
+    assert chunks[-1]["finish_reason"] == "length"
+    assert h.router.state()["unreachable_workers"] == [A]
 
 
 async def test_a_failed_search_for_another_worker_keeps_the_workers_error() -> None:
@@ -929,6 +955,30 @@ async def test_a_stream_that_ends_without_a_finish_reason_is_aborted() -> None:
     await collect(h.router, turn("s"), "r2")
     assert [type(e) for e in h.events_of("r2")] == [Sent, Responding, Aborted]
     assert h.program("s").phase is Phase.ACTING and h.program("s").steps == 1
+
+
+@pytest.mark.parametrize("why", ["lone_worker", "grammar"])
+async def test_a_cut_stream_that_cannot_go_on_fails_rather_than_ending_short(why: str) -> None:
+    # One token of twenty, then the stream ends without a finish, and the turn cannot go
+    # on elsewhere (no other worker; a grammar's output cannot resume midway). Before, the
+    # client got a 200 with one token and no finish: a truncated answer that looked whole.
+    h = Harness()
+    request = turn("s", tokens=10)
+    request["stop_conditions"] = {"max_tokens": 20}
+    h.kv.tokens = 20
+    if why == "lone_worker":
+        h.client.ids = [A]
+        h.router.refresh_workers()
+        h.kv.end_without_finish_on.add(A)
+    else:
+        request["sampling_options"] = {"guided_decoding": {"json": {"type": "object"}}}
+        h.kv.end_without_finish_on.update({A, B})
+    with pytest.raises(RuntimeError, match="StreamCut: stream ended without a finish"):
+        await collect(h.router, request, "r1")
+    assert [type(e) for e in h.events_of("r1")] == [Sent, Responding, Aborted]
+    assert (h.router.stats.aborted, h.router.stats.errors, h.router.stats.failovers) == (
+        1, 1, 0)
+    assert h.router.in_flight == {} and h.router.stalls.streams == {}
 
 
 async def test_closing_the_generator_mid_stream_aborts_the_request() -> None:
