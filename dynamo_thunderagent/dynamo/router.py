@@ -318,15 +318,17 @@ class ThunderAgentRouter:
             raise
         except EngineError as error:  # already reported as aborted by the tracker
             self.stats.errors += 1
-            log.warning("request.engine_error", request_id=request_id, worker=str(target),
+            serving = tracker.sent_to or target  # a request the KV router placed: its chunk's
+            log.warning("request.engine_error", request_id=request_id, worker=str(serving),
                         error=error.message)
             if error.streamed:
                 raise RuntimeError(f"request {request_id}: the engine failed it mid-stream: "
                                    f"{error.message}") from None
             # Refused before any token: the request as sent cannot run (say, a prompt
             # longer than the engine accepts); the client gets the engine's reason.
-            raise _client_error(f"request {request_id} was refused by the engine on worker "
-                                f"{target}: {error.message}") from None
+            on = "" if serving is None else f" on worker {serving}"
+            raise _client_error(f"request {request_id} was refused by the engine{on}: "
+                                f"{error.message}") from None
         except Exception as error:
             self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"),
                          sessionless)

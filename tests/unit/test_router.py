@@ -1175,6 +1175,10 @@ async def test_an_engine_refusal_is_an_abort_and_the_client_gets_the_engines_rea
     assert program.phase is Phase.ACTING and program.tokens == 13 and program.steps == 1
     assert h.router.stats.completed == 1 and h.router.stats.aborted == 1
     assert h.router.stats.errors == 1 and h.router.in_flight == {}
+    # A request without a session id, placed by the KV router: its chunk names the worker
+    # (the message used to say "on worker None").
+    with pytest.raises(Exception, match="refused by the engine on worker 11/0: request rej"):
+        await collect(h.router, turn(None, tokens=900), "r3")
 
 
 async def test_a_session_id_outside_the_syntax_gets_a_clear_error_and_nothing_is_tracked() -> None:
