@@ -438,6 +438,12 @@ async def test_a_hung_lone_worker_s_turn_ends_with_an_error_that_names_it_not_a_
 
 
 # ---- a worker's model card that cannot be read -----------------------------------------------
+def capacity_known(state: State, worker_id: int) -> bool:
+    """Whether the router knows the KV capacity of any of ``worker_id``'s ranks."""
+    return any(key.startswith(f"{worker_id}/") and rank["capacity_tokens"]
+               for key, rank in state["scheduler"]["ranks"].items())
+
+
 def rewrite_card(stack: Any, worker_id: int, change: Callable[[dict[str, Any]], None]) -> None:
     """Register ``worker_id``'s model card again with ``change`` applied, as the file store
     sees a worker re-register: the card goes (the router sees the worker without one), then
@@ -452,10 +458,8 @@ def rewrite_card(stack: Any, worker_id: int, change: Callable[[dict[str, Any]], 
             staged = path.with_name(path.name + ".new")
             staged.write_text(json.dumps(registration), encoding="utf-8")
             path.unlink()
-            wait_for_state(stack, lambda s: not any(
-                key.startswith(f"{worker_id}/") and rank["capacity_tokens"]
-                for key, rank in s["scheduler"]["ranks"].items()),
-                f"the router to see worker {worker_id} without a card", 30)
+            wait_for_state(stack, lambda s: not capacity_known(s, worker_id),
+                           f"the router to see worker {worker_id} without a card", 30)
             staged.rename(path)
             return
     raise AssertionError(f"no model card of worker {worker_id} in {stack.kv_dir}")
@@ -510,9 +514,7 @@ async def test_a_worker_s_unreadable_model_card_costs_only_that_worker(
             await asyncio.to_thread(stack.restart_worker, 1)
             replacement = stack.worker_instances()[1]
             await asyncio.to_thread(
-                wait_for_state, stack, lambda s: any(
-                    key.startswith(f"{replacement}/") and rank["capacity_tokens"]
-                    for key, rank in s["scheduler"]["ranks"].items()),
+                wait_for_state, stack, lambda s: capacity_known(s, replacement),
                 "the replacement worker's capacity in the router's view", 60)
             await served_again("two more turns per agent on the replacement worker")
         # Turns sent while no worker Dynamo could route to was up failed with an error (a
@@ -523,9 +525,7 @@ async def test_a_worker_s_unreadable_model_card_costs_only_that_worker(
         rewrite_card(stack, spoilt, lambda card: card["runtime_config"].update(saved))
         await asyncio.to_thread(
             wait_for_state, stack,
-            lambda s: not s["unreadable_cards"] and any(
-                key.startswith(f"{spoilt}/") and rank["capacity_tokens"]
-                for key, rank in s["scheduler"]["ranks"].items()),
+            lambda s: not s["unreadable_cards"] and capacity_known(s, spoilt),
             "the worker's capacity back once its card reads", 30)
         assert other not in get_state(stack)["live_workers"]
         settles(stack, "an unreadable model card")
