@@ -12,8 +12,11 @@ from dynamo_thunderagent.config import PolicyError
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from dynamo_thunderagent.dynamo.reload import check_policy  # what serve checks too
+
     try:
         resolved = load_policy(args.path)
+        check_policy(resolved)
     except (PolicyError, PluginError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -397,11 +397,11 @@ def describe_validation_error(where: str, error: ValidationError) -> str:
 def parse_policy(data: Any, source: str) -> PolicyConfig:
     """Validate the generic schema (not the type-specific parameters)."""
     if data is None or data == {}:
-        raise PolicyError(f"{source}: the policy is empty; it needs request_classifier and/or "
-                          "worker_selection (see policies/thunderagent.yaml)")
+        raise PolicyError(f"{source}: the policy is empty; the router needs request_classifier "
+                          "and worker_selection (see policies/thunderagent.yaml)")
     if not isinstance(data, dict):
         raise PolicyError(f"{source}: top level must be a mapping with request_classifier "
-                          f"and/or worker_selection, got {type(data).__name__}")
+                          f"and worker_selection, got {type(data).__name__}")
     try:
         return PolicyConfig.model_validate(data)
     except ValidationError as error:

@@ -159,6 +159,22 @@ def test_validate_names_unknown_parameter_and_exits_nonzero(
     assert str(path) in err and "bogus" in err
 
 
+@pytest.mark.parametrize("text", [
+    "request_classifier: {type: thunderagent}\n",
+    "worker_selection:\n  instances: [{name: ta, type: thunderagent}]\n  aggregated: ta\n",
+    "request_classifier: {type: thunderagent}\nworker_selection:\n"
+    "  instances: [{name: ta, type: thunderagent}]\n  decode: ta\n",
+])
+def test_validate_refuses_what_serve_refuses(
+    tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A file without a classifier or an aggregated stage passes the schema, but serve (and
+    # a reload) refuse it; validate used to print it resolved and exit 0.
+    assert main(["validate", str(write(tmp_path, text))]) == 2
+    assert "the router needs request_classifier and worker_selection.aggregated" in (
+        capsys.readouterr().err)
+
+
 def test_validate_missing_file_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "/nonexistent/policy.yaml"]) != 0
     assert "cannot read policy file" in capsys.readouterr().err
