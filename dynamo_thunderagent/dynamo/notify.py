@@ -73,7 +73,11 @@ class EventPublisher:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDHWM, SEND_HIGH_WATER_MARK)
         self.url = f"tcp://{host}:{port}"
-        self._socket.bind(self.url)
+        try:
+            self._socket.bind(self.url)
+        except zmq.ZMQError as error:  # a port taken: an OSError, as for any socket
+            self.close()
+            raise OSError(f"cannot bind {self.url}: {error}") from None
         self.dropped = 0
 
     def publish(self, event: LifecycleEvent) -> None:

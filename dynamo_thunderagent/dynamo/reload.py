@@ -158,10 +158,16 @@ class PolicyReloader:
             self._settling = now  # changed since the last look: let the writer finish
             return None
         self._settling = None
+        return self.guarded_reload(trigger="file changed")
+
+    def guarded_reload(self, trigger: str = "SIGHUP") -> ReloadPlan | None:
+        """:meth:`reload`, with any failure nobody foresaw logged (``policy.reload_failed``,
+        with its traceback) and the running policy kept: what a signal handler or the file
+        watch calls, where an exception would be lost or end the watch. None then."""
         try:
-            return self.reload(trigger="file changed")
-        except Exception as error:  # keep watching: the next edit may fix it
-            log.exception("policy.reload_failed", source=self.path,
+            return self.reload(trigger=trigger)
+        except Exception as error:  # the next signal or edit may fix it
+            log.exception("policy.reload_failed", source=self.path, trigger=trigger,
                           error=repr(error), kept="the running policy")
             return None
 

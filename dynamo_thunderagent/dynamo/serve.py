@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import signal
 import sys
@@ -94,21 +95,43 @@ def exposed_worker_path(worker_path: str, router_path: str) -> str | None:
     return None if path == router_path else path
 
 
-def run_serve(args: argparse.Namespace) -> int:
+def argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with serve's numeric flags (None: nothing), checked before anything
+    starts: a port out of range would fail only after the runtime connects (or, for the
+    events socket, bind another port), and a zero interval would spin a core."""
     if args.block_size is not None and args.block_size < 1:
-        print(f"error: --block-size must be a positive number of tokens, got {args.block_size}",
-              file=sys.stderr)
+        return f"--block-size must be a positive number of tokens, got {args.block_size}"
+    for flag, port in (("--state-port", args.state_port), ("--events-port", args.events_port)):
+        if not 0 <= port <= 65535:
+            return f"{flag} must be a TCP port, 1 to 65535 (0: off), got {port}"
+    if args.state_port and args.state_port == args.events_port:
+        return (f"--state-port and --events-port must differ (both {args.state_port}): "
+                "each binds its own socket on --state-host")
+    interval = args.refresh_interval
+    if not (math.isfinite(interval) and 0.01 <= interval <= 3600):
+        return f"--refresh-interval must be 0.01 to 3600 seconds, got {interval}"
+    return None
+
+
+class ServeError(Exception):
+    """Serving cannot start (a port taken, say); the message says what and why."""
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    problem = argument_problem(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     configure_logging()  # JSON lines under DYN_LOGGING_JSONL, as Dynamo's processes
-    # Validate everything before touching the runtime: a bad policy stops
-    # startup with the same message `validate` prints.
-    catalog = default_catalog()
     # From here on a SIGHUP is kept for the reloader (by default it would end the process,
     # as for a script that edits the file and signals while the router restarts), and an
     # edit to the file counts as a change for --watch-policy.
     hangups = _keep_hangups()
     seen = signature(str(args.router_policy_config))
+    # Validate everything before touching the runtime: a bad policy (or a plugin that
+    # cannot load) stops startup with the same message `validate` prints.
     try:
+        catalog = default_catalog()
         policy = load_policy(args.router_policy_config, catalog)
     except (PolicyError, PluginError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -135,6 +158,9 @@ def run_serve(args: argparse.Namespace) -> int:
                           _Startup(seen, hangups)))
     except KeyboardInterrupt:
         pass
+    except ServeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -197,13 +223,24 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
                                 block_size=block_size,
                                 refresh_interval=args.refresh_interval,
                                 exposed=exposed, exposed_endpoint=exposed_path)
-    operate = _operate(args, policy, catalog, classifier, router, loop, startup)
-    router.start()
     metrics = RouterMetrics(router, namespace=router_path.split(".")[0], model=args.model_name)
     state_server = None
-    if args.state_port:
-        state_server = StateServer(loop, router.state, metrics.exposition, args.state_host,
-                                   args.state_port).start()
+    try:
+        if args.state_port:
+            state_server = StateServer(loop, router.state, metrics.exposition,
+                                       args.state_host, args.state_port)
+        operate = _operate(args, policy, catalog, classifier, router, loop, startup)
+    except OSError as error:  # a port taken, a host not on this machine
+        if state_server is not None:
+            state_server.close()
+        cards.shutdown()
+        runtime.shutdown()
+        raise ServeError(f"cannot listen on {args.state_host} (--state-port "
+                         f"{args.state_port}, --events-port {args.events_port}): "
+                         f"{error}") from None
+    if state_server is not None:
+        state_server.start()
+    router.start()
 
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -365,9 +402,9 @@ def _operate(args: argparse.Namespace, policy: Any, catalog: Any, classifier: An
     operate = _Operate()
     reloader = PolicyReloader(args.router_policy_config, catalog, policy, classifier,
                               seen=startup.seen if startup is not None else None)
-    loop.add_signal_handler(signal.SIGHUP, reloader.reload)
+    loop.add_signal_handler(signal.SIGHUP, reloader.guarded_reload)
     if startup is not None and startup.hangups:  # sent while the router was starting
-        reloader.reload(trigger="SIGHUP during startup")
+        reloader.guarded_reload(trigger="SIGHUP during startup")
     router.state_extensions["policy"] = reloader.state
     if args.watch_policy:
         operate.tasks.append(loop.create_task(reloader.watch()))

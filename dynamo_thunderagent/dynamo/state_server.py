@@ -76,9 +76,10 @@ class StateServer:
         return self
 
     def close(self) -> None:
-        self.httpd.shutdown()
+        if self._thread.is_alive():  # shutdown() waits for serve_forever, so only if it runs
+            self.httpd.shutdown()
+            self._thread.join(timeout=5)
         self.httpd.server_close()
-        self._thread.join(timeout=5)
 
     def respond(self, path: str) -> tuple[int, str, bytes]:
         """(status, content type, body) for GET ``path``."""

@@ -500,6 +500,34 @@ def test_bad_policy_stops_serve_with_the_message_validate_prints(
         assert expected[case] in message
 
 
+@pytest.mark.parametrize("taken", ["--state-port", "--events-port"])
+def test_a_port_taken_stops_serve_with_an_error_that_names_it(tmp_path: Path,
+                                                               taken: str) -> None:
+    # Before: a traceback (OSError from the state server, ZMQError from the events socket).
+    import socket
+
+    env = dict(os.environ)
+    env.update({"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(tmp_path / "kv"),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                             env.get("PYTHONPATH")]))})
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        serve = subprocess.run(
+            [sys.executable, "-m", "dynamo_thunderagent", "serve",
+             "--router-policy-config", str(REPO_ROOT / "policies" / "thunderagent.yaml"),
+             "--endpoint", "ta-workers.backend.generate", "--model-name", MODEL,
+             "--model-path", str(tmp_path / "no-model"), "--block-size", "16",
+             taken, str(port)],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=90, check=False)
+    assert serve.returncode == 2, serve.stderr[-2000:]
+    said = [line for line in serve.stderr.splitlines() if line.startswith("error:")]
+    assert len(said) == 1, serve.stderr[-2000:]
+    assert said[0].startswith("error: cannot listen on 127.0.0.1") and f"{taken} {port}" in said[0]
+    assert "in use" in said[0] and "Traceback" not in serve.stderr
+
+
 # ---- 10. a rejected request says why -----------------------------------------------------------
 def test_rejected_request_gets_an_http_error_that_says_why(tmp_path: Path) -> None:
     import openai

@@ -200,6 +200,25 @@ def test_plugin_whose_module_is_missing_fails_naming_the_entry_point(installed: 
         default_catalog()
 
 
+def test_serve_with_a_broken_plugin_says_what_validate_says(
+        installed: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: validate printed the error, serve a traceback (its catalog was built outside
+    # the checks that turn a PluginError into a message).
+    from dynamo_thunderagent.dynamo import serve
+
+    monkeypatch.setattr(serve, "configure_logging", lambda: None)
+    write_dist_info(installed, "broken",
+                    {CLASSIFIER_GROUP: {"broken-gate": "no_such_module:Gate"}})
+    policy = str(EXAMPLE / "policy.yaml")
+    assert cli_main(["validate", policy]) == 2
+    said = capsys.readouterr().err
+    assert "'broken-gate'" in said and "failed to load" in said
+    assert cli_main(["serve", "--router-policy-config", policy, "--endpoint",
+                     "w.backend.generate", "--model-name", "m", "--model-path", "m"]) == 2
+    assert capsys.readouterr().err == said
+
+
 def test_plugin_class_must_be_a_request_classifier(installed: Path) -> None:
     write_dist_info(installed, "wrong_base",
                     {CLASSIFIER_GROUP: {"not-a-gate": "priority_gate:PriorityGateParameters"}})
