@@ -519,7 +519,10 @@ class Scheduler:
         del self.table.requests[request_id]
         self._released -= 1
         program = self.table.programs[request.session_id]
-        if cached_tokens is not None and program.worker is not None:
+        # A rank that has left (its worker drained this turn after set_workers forgot its
+        # meters) is not measured again: its meters would outlive it for ever.
+        if (cached_tokens is not None and program.worker is not None
+                and program.worker in self.capacity.known):
             if request.expected_cached:
                 self.cache_loss.observe(program.worker, request.expected_cached, cached_tokens)
                 self._forget_kept_if_losing(program.worker)
@@ -560,6 +563,10 @@ class Scheduler:
             program.waiting.remove(request_id)
             return d
         program.current = None
+        # A turn queued behind a waiting one that is given up inherits its wait: the bound
+        # on waits (resume_timeout_seconds) and the aging order count from the earlier.
+        carried = (program.deferred_since
+                   if request.state is RequestState.DEFERRED and program.waiting else None)
         program.deferred_since = None
         self._deferred.pop(program.session_id, None)
         if request.created_program and program.is_new and not program.busy:
@@ -583,6 +590,7 @@ class Scheduler:
             if prior is not None and prior.acting_since is not None:
                 program.acting_since = prior.acting_since
         self._pause_if_marked(program, now, d)
+        program.deferred_since = carried
         self._advance(program, now, d)
         self._room_appeared(now, d)
         return d

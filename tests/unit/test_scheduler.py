@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dynamo_thunderagent.program import Lifecycle, Phase, RequestState, WorkerKey
 from dynamo_thunderagent.scheduler import Reject, Release
 
@@ -213,6 +215,50 @@ def test_deferral_past_resume_timeout_is_force_released_on_worker_with_most_deca
     d = h.tick()
     assert released_to(d, rid) == W1  # 200 tokens of room against W0's 100
     assert d.forced == ["c"]
+
+
+@pytest.mark.parametrize("mode", ["queue", "alongside"])
+def test_a_turn_queued_behind_a_wait_given_up_keeps_the_bound_on_its_wait(mode: str) -> None:
+    # "p" is paused; its turn A waits for room, B queues behind it (in alongside mode too:
+    # A is not running). A's client gives up after 115 s. B must still be released within
+    # resume_timeout_seconds (120) of when A began to wait, plus a tick; before, B's wait
+    # started over and it came in at 235 s.
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, resume_timeout_seconds=120,
+             scheduler_interval_seconds=5, concurrent_turns=mode)
+    h.workers({W0: 10_000})
+    h.acting_on("p", W0, 1_000)
+    h.acting_on("big", W0, 8_000)
+    h.turn("big", 9_000)  # running: W0 past its threshold
+    assert "p" in h.tick().paused
+    a, d = h.turn("p", 1_200)
+    assert d.outcome(a) is None
+    h.advance(1)
+    b, d = h.turn("p", 1_300)
+    assert d.outcome(b) is None
+    released_at = None
+    while released_at is None and h.now < 400:
+        h.advance(5)
+        if h.now == 116:
+            h.abort(a)
+        if h.tick().outcome(b) is not None:
+            released_at = h.now
+    assert released_at is not None and released_at <= 120 + 5
+
+
+def test_a_turn_finished_on_a_rank_that_left_before_the_tick_leaves_no_meter_behind() -> None:
+    # W0 leaves while "a"'s turn runs there; the turn finishes (the worker drains) before a
+    # tick unassigns "a". W0's meters were forgotten when it left: measuring that turn
+    # brought them back, one entry per departed rank, for ever.
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, pause_min_resume_loss=0.2)
+    h.workers({W0: 1_000, W1: 1_000})
+    h.acting_on("a", W0, 300)
+    rid, _ = h.turn("a", 400)
+    h.scheduler.sent(rid, W0, h.now)
+    assert h.scheduler.table.requests[rid].expected_cached
+    h.workers({W1: 1_000}, live={1})
+    h.scheduler.completed(rid, 410, h.now, cached_tokens=100)
+    assert h.scheduler.cache_loss.turns(W0) == 0 and h.scheduler.resume_loss.turns(W0) == 0
+    assert str(W0) not in h.scheduler.snapshot(h.now)["cache_loss"]
 
 
 def test_a_program_larger_than_every_resume_level_resumes_once_a_rank_is_empty(
