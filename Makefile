@@ -1,4 +1,6 @@
-# One-command setup: `make test` and `make demo` create .venv on a fresh machine.
+# One-command setup: `make test` and `make demo` create .venv on a fresh machine. A venv
+# without pip (one that `python3 -m venv` left half-made where python3-venv was missing) is
+# made again, not reused.
 #
 # `pip install ai-dynamo==1.6.1` cannot resolve on machines without the vendor
 # index that its optional perf-model dependency (aisimulate) comes from, so the
@@ -23,13 +25,14 @@ setup: $(STAMP)
 aiperf: $(AIPERF_STAMP)
 
 $(AIPERF_STAMP):
-	test -x $(AIPERF_VENV)/bin/python || $(PYTHON) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/python -m pip --version >/dev/null 2>&1 || \
+	  { rm -rf $(AIPERF_VENV); $(PYTHON) -m venv $(AIPERF_VENV); }
 	$(AIPERF_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(AIPERF_VENV)/bin/python -m pip install --quiet aiperf==$(AIPERF_VERSION)
 	touch $(AIPERF_STAMP)
 
 $(STAMP): pyproject.toml Makefile
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV); $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --no-deps ai-dynamo==1.6.1
 	$(PY) -m pip install --quiet -e '.[dynamo,dev]'
