@@ -202,7 +202,8 @@ def check_discovery(settings: Settings, discovery: Discovery, *,
     if discovery.error is not None:
         return [Finding("fail", "discovery", f"backend {discovery.backend!r} at "
                         f"{discovery.where}: {discovery.error}",
-                        "run doctor with the same DYN_DISCOVERY_BACKEND and DYN_FILE_KV "
+                        "run doctor with the same DYN_DISCOVERY_BACKEND and "
+                        f"{'ETCD_ENDPOINTS' if discovery.backend == 'etcd' else 'DYN_FILE_KV'} "
                         "as serve, the frontend and the workers")]
     model = settings.model_name
     cards = [card for card in discovery.cards if card.model == model]

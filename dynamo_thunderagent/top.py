@@ -16,10 +16,10 @@ the HTTP reads and the terminal.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -28,6 +28,8 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
+from dynamo_thunderagent.urls import state_url
 
 # Rows shown per table before "... and N more" (a terminal is only so tall).
 MAX_PROGRAMS = 20
@@ -44,15 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between refreshes (default 1)")
     parser.add_argument("--once", action="store_true",
                         help="print one view and exit (no live screen)")
-
-
-def state_url(value: str) -> str:
-    """``value`` as a state URL: http:// and /state added when missing."""
-    url = value if "://" in value else f"http://{value}"
-    parts = urllib.parse.urlsplit(url)
-    if parts.path in ("", "/"):
-        url = urllib.parse.urlunsplit(parts._replace(path="/state"))
-    return url
 
 
 def fetch_state(url: str, timeout: float = 5.0) -> dict[str, Any]:
@@ -251,7 +244,10 @@ def render(state: dict[str, Any] | None, *, url: str, now: float,
 
 # ---- the loop -----------------------------------------------------------------------------
 def run_top(args: argparse.Namespace) -> int:
-    url = state_url(args.state)
+    try:
+        url = state_url(args.state)
+    except ValueError as bad:
+        raise SystemExit(f"error: {bad}") from None
     if args.interval <= 0:
         raise SystemExit("error: --interval must be > 0")
     console = Console()
@@ -262,7 +258,7 @@ def run_top(args: argparse.Namespace) -> int:
         nonlocal state, error
         try:
             state, error = fetch_state(url), None
-        except (OSError, ValueError) as failure:
+        except (OSError, ValueError, http.client.HTTPException) as failure:
             error = _reason(failure) + retry
 
     if args.once:

@@ -40,6 +40,7 @@ from dynamo_thunderagent.doctor import (
 )
 from dynamo_thunderagent.dynamo.stats import PROBE_SESSION_PREFIX
 from dynamo_thunderagent.dynamo.translate import FINAL_HEADER, SESSION_HEADER
+from dynamo_thunderagent.urls import http_url, state_url
 
 MAX_PROBES = 64
 
@@ -79,14 +80,17 @@ def run_doctor(args: argparse.Namespace) -> int:
             raise ValueError(f"--probes must be between 0 and {MAX_PROBES}, got {args.probes}")
         if args.timeout <= 0:
             raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
+        # A bare host:port is taken as top takes it (http://, and /state for the router).
+        state = None if args.state is None else state_url(args.state)
+        front = None if args.frontend is None else http_url(args.frontend, what="--frontend")
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     # The router's counters first: the probes below are counted apart, but read them before.
-    router = None if args.state is None else read_router(args.state, args.timeout)
+    router = None if state is None else read_router(state, args.timeout)
     discovery = read_discovery(os.environ)
-    frontend = (None if args.frontend is None else
-                read_frontend(args.frontend, settings.model_name, args.probes, args.timeout))
+    frontend = (None if front is None else
+                read_frontend(front, settings.model_name, args.probes, args.timeout))
     findings = diagnose(settings, discovery, frontend, router)
     print(render_json(findings) if args.json else render_text(findings))
     return 1 if failed(findings) else 0

@@ -104,6 +104,11 @@ def test_workers_without_a_capacity_card_are_a_warning() -> None:
 def test_an_unreadable_store_fails_and_an_unlisted_backend_warns() -> None:
     findings = check_discovery(SETTINGS, Discovery("file", "/nope", error="no model cards"))
     assert [f.status for f in findings] == ["fail"] and "DYN_FILE_KV" in str(findings[0].fix)
+    # etcd that does not answer: the hint names etcd's setting, not the file store's.
+    findings = check_discovery(SETTINGS, Discovery("etcd", "http://127.0.0.1:9",
+                                                   error="did not answer"))
+    assert [f.status for f in findings] == ["fail"]
+    assert "ETCD_ENDPOINTS" in str(findings[0].fix) and "DYN_FILE_KV" not in str(findings[0].fix)
     findings = check_discovery(SETTINGS, Discovery("etcd", "etcd", listable=False,
                                                    error="file only"))
     assert [f.status for f in findings] == ["warn"]

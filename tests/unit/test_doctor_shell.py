@@ -145,6 +145,19 @@ def test_bad_arguments_exit_2_and_say_what_is_allowed(
     assert "must look like namespace.component.endpoint" in capsys.readouterr().err
 
 
+def test_urls_are_taken_as_top_takes_them(kv: Path, fake: FakeDeployment,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # A bare host:port (what top accepts) for --state and --frontend: before, doctor failed
+    # both as "unreachable (unknown url type)"; a malformed one is a bad argument.
+    argv = doctor(fake)
+    bare = fake.url.removeprefix("http://")
+    argv[argv.index(fake.url)] = bare
+    argv[argv.index(f"{fake.url}/state")] = bare
+    assert main(argv) == 0, capsys.readouterr().out
+    assert main(doctor(fake, "--frontend", "localhost:abc")) == 2
+    assert "--frontend 'localhost:abc' is not a URL" in capsys.readouterr().err
+
+
 def test_the_router_endpoint_defaults_like_serves(kv: Path, fake: FakeDeployment,
                                                   monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:

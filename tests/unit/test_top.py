@@ -3,7 +3,9 @@ itself under tmux, against a canned state served by a local HTTP server."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +25,8 @@ from dynamo_thunderagent.dynamo.notify import LifecycleNotifier, table_worker_of
 from dynamo_thunderagent.dynamo.stats import RouterStats
 from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.scheduler import Scheduler
-from dynamo_thunderagent.top import render, state_url
+from dynamo_thunderagent.top import render, run_top
+from dynamo_thunderagent.urls import state_url
 
 W0, W1 = WorkerKey(7587, 0), WorkerKey(7588, 0)
 NOW = 1000.0
@@ -130,6 +133,17 @@ def test_an_unreachable_router_is_said_and_the_last_state_kept() -> None:
 def test_a_bare_host_and_port_is_a_state_url() -> None:
     assert state_url("127.0.0.1:8090") == "http://127.0.0.1:8090/state"
     assert state_url("http://h:1/state") == "http://h:1/state"
+
+
+@pytest.mark.parametrize(("given", "why"), [
+    ("localhost:abc", "Port could not be cast"), ("http://[::1", "Invalid IPv6 URL"),
+    ("ftp://h:1", "it needs http(s)://HOST[:PORT]"), (":8090", "it needs http(s)://HOST"),
+])
+def test_a_state_url_that_is_not_one_is_a_bad_argument(given: str, why: str) -> None:
+    # Before: a traceback (http.client.InvalidURL, ValueError) from the first read.
+    with pytest.raises(SystemExit, match=f"error: --state '{re.escape(given)}' is not a "
+                                         f"URL: .*{re.escape(why)}"):
+        run_top(argparse.Namespace(state=given, interval=1.0, once=True))
 
 
 # ---- the live view, in a real terminal (tmux) --------------------------------------------
