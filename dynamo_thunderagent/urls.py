@@ -9,6 +9,9 @@ def http_url(value: str, *, what: str) -> str:
     """``value`` with ``http://`` added when it names no scheme; ValueError (naming
     ``what``, the flag) when it is not an http(s) URL with a host and, if given, a port."""
     url = value.strip()
+    if any(ch.isspace() or not ch.isprintable() for ch in url):
+        raise ValueError(f"{what} {value!r} is not a URL: it holds spaces or control "
+                         "characters")
     url = url if "://" in url else f"http://{url}"
     try:
         parts = urllib.parse.urlsplit(url)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import sys
@@ -184,7 +185,8 @@ def read_frontend(url: str, model: str, probes: int, timeout: float) -> Frontend
     try:
         listed = _get_json(f"{base}/v1/models", timeout)
         models = tuple(str(m["id"]) for m in listed.get("data", []))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError,
+            http.client.HTTPException) as error:
         return FrontendView(base, error=f"GET /v1/models failed: {_why(error)}")
     if model not in models:
         return FrontendView(base, models=models)
@@ -197,7 +199,7 @@ def read_frontend(url: str, model: str, probes: int, timeout: float) -> Frontend
                    FINAL_HEADER: "true"}
         try:
             answer = _get_json(f"{base}/v1/chat/completions", timeout, body, headers)
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, http.client.HTTPException) as error:
             errors.append(_why(error))
             continue
         worker = ((answer.get("nvext") or {}).get("worker_id") or {}).get("decode_worker_id")
@@ -215,5 +217,5 @@ def read_router(url: str, timeout: float) -> RouterView:
         return router_view(url, state)
     except ValueError as error:
         return RouterView(url, error=str(error))
-    except OSError as error:
+    except (OSError, http.client.HTTPException) as error:
         return RouterView(url, error=_why(error))

@@ -306,8 +306,10 @@ class ThunderAgentRouter:
                     moved = None
                 if moved is not None:
                     forwarded, target = moved
-                elif isinstance(lost, StreamCut) and continuation.budget_spent:
-                    # Every token asked for reached the client: only the finish is missing.
+                elif isinstance(lost, StreamCut) and (continuation.budget_spent
+                                                      or _stopped(context)):
+                    # Every token asked for reached the client, only the finish is missing;
+                    # or the client has gone: nobody to tell.
                     self._report(admission, tracker.abort(str(lost)), sessionless)
                     break
                 else:  # not carried on: the client gets the error, never a cut-short 200
@@ -333,13 +335,14 @@ class ThunderAgentRouter:
             self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"),
                          sessionless)
             self.stats.errors += 1
-            log.warning("request.failed", request_id=request_id, worker=str(target),
+            serving = tracker.sent_to or target  # a request the KV router placed: its chunk's
+            log.warning("request.failed", request_id=request_id, worker=str(serving),
                         error=repr(error))
             # (A lost worker was put aside in _fail_over, which every stream error meets.)
             # A plain RuntimeError reaches the client as a 500 (the KV router's own errors
             # would surface as a bare 400); Dynamo 1.6.1's frontend sends the client a canned
             # message for it and logs this one, where an operator finds the worker and why.
-            where = f"worker {target}" if target is not None else "routing"
+            where = f"worker {serving}" if serving is not None else "routing"
             refused = refusal(error)
             if refused is not None:  # the request's own fault: a 400 with the reason
                 raise _client_error(
@@ -553,6 +556,11 @@ class ThunderAgentRouter:
         block_sizes = {card.block_size for card in read.cards.values()}
         if len(block_sizes) == 1:
             self.block_size = block_sizes.pop()
+        self.workers.commit(read)
+        try:  # a warning for operators: whatever it meets, the scheduler has been told
+            self.workers.check_exposed()
+        except Exception as error:
+            log.warning("workers.exposed_check_failed", error=repr(error))
         return read.changed
 
     def cut_stalled_streams(self) -> int:

@@ -121,7 +121,8 @@ class WorkerWatch:
 
     def read(self) -> WorkersRead:
         """Read liveness and the capacity cards (a card that cannot be read is left out,
-        named in ``unreadable_cards`` and logged when that changes)."""
+        named in ``unreadable_cards`` and logged when that changes). The view changes only
+        at :meth:`commit`, once the scheduler has been told."""
         live = self.live_ids()
         model_cards = self.cards.get_model_cards() if self.cards else {}
         self.stated_block_sizes = card_block_sizes(model_cards)
@@ -138,14 +139,16 @@ class WorkerWatch:
                                        "card reads")
             self.unreadable_cards = unreadable
         changed = live != self.live or frozenset(cards) != self._card_keys
-        if changed:
-            log.info("workers.changed", live=sorted(live),
-                     ranks={str(k): v.tokens for k, v in sorted(cards.items())})
-        self.live, self._card_keys = live, frozenset(cards)
-        self._check_exposed()
         return WorkersRead(live, cards, changed)
 
-    def _check_exposed(self) -> None:
+    def commit(self, read: WorkersRead) -> None:
+        """``read`` is what the scheduler now knows: the view (``/state``) follows it."""
+        if read.changed:
+            log.info("workers.changed", live=sorted(read.live),
+                     ranks={str(k): v.tokens for k, v in sorted(read.cards.items())})
+        self.live, self._card_keys = read.live, frozenset(read.cards)
+
+    def check_exposed(self) -> None:
         """Warn while workers serve where the frontend reaches them directly (at the first
         read, on every change, else at most once a minute)."""
         if self.exposed is None:

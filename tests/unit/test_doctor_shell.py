@@ -196,6 +196,31 @@ def test_an_unreachable_frontend_and_router_are_reported(tmp_path: Path) -> None
     assert router.error is not None and "unreachable" in router.error
 
 
+def test_a_port_that_does_not_speak_http_is_reported_not_raised() -> None:
+    # Before: http.client's BadStatusLine escaped read_router and read_frontend.
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+
+        def answer_garbage() -> None:
+            for _ in range(2):
+                connection, _ = server.accept()
+                with connection:
+                    connection.recv(4096)
+                    connection.sendall(b"garbage\r\n\r\n")
+
+        thread = threading.Thread(target=answer_garbage, daemon=True)
+        thread.start()
+        router = read_router(f"http://127.0.0.1:{port}/state", 5.0)
+        frontend = read_frontend(f"http://127.0.0.1:{port}", "tiny", 1, 5.0)
+        thread.join(5)
+    assert router.error is not None and "BadStatusLine" in router.error
+    assert frontend.error is not None and "BadStatusLine" in frontend.error
+
+
 def test_a_frontend_without_the_model_is_not_probed(fake: FakeDeployment) -> None:
     fake.models = ["big"]
     view = read_frontend(fake.url + "/v1", "tiny", 4, 5.0)

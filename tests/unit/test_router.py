@@ -717,6 +717,38 @@ async def test_no_failover_for_a_client_that_has_left() -> None:
     assert h.router.state()["unreachable_workers"] == [A]
 
 
+async def test_a_cut_stream_of_a_client_that_has_left_ends_quietly() -> None:
+    # Short of its budget and not carried on (the client left): an abort, not an error for
+    # nobody (before the review's fix it counted as one, with a request.failed warning).
+    h = Harness()
+    h.kv.hold = asyncio.Event()
+    h.kv.tokens = 20
+    h.kv.end_without_finish_on.add(A)
+    request = turn("s")
+    request["stop_conditions"] = {"max_tokens": 20}
+    context = FakeContext("r1")
+    stream = h.router.generate(request, context)
+    await stream.__anext__()
+    context.stopped.set()  # the client leaves, then the worker's stream just ends
+    h.kv.hold.set()
+    with pytest.raises(StopAsyncIteration):
+        await stream.__anext__()
+    assert (h.router.stats.aborted, h.router.stats.errors, h.router.stats.failovers) == (
+        1, 0, 0)
+    assert h.router.in_flight == {} and h.classifier.scheduler.table.requests == {}
+
+
+async def test_a_refusal_mid_stream_of_a_request_the_kv_router_placed_names_its_worker() -> None:
+    h = Harness()
+
+    class InvalidArgument(Exception):  # Dynamo's class, by name
+        pass
+
+    h.kv.fail_after_first_on[A] = InvalidArgument("bad stop sequence")
+    with pytest.raises(Exception, match="refused at worker 11/0: bad stop sequence"):
+        await collect(h.router, turn(None), "r1")  # it said "at routing"
+
+
 async def test_a_request_a_worker_never_took_goes_elsewhere_and_puts_it_aside() -> None:
     h = Harness()  # a stopped worker: its TCP server never acknowledges the request
     h.kv.fail_before_first[A] = Exception("DeadlineExceeded: TCP request to 127.0.0.1:1 timed out")

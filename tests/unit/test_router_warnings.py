@@ -17,7 +17,7 @@ from dynamo_thunderagent.dynamo.stats import (
     exposed_workers_due,
     missing_sessions_due,
 )
-from tests.unit.test_router import FakeClient, Harness, collect, turn
+from tests.unit.test_router import A, FakeClient, Harness, collect, turn
 
 
 def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -133,3 +133,22 @@ def test_no_exposed_workers_no_warning() -> None:
         h.router.refresh_workers()
     assert events(logs, "workers.exposed") == []
     assert h.router.state()["exposed_workers"] == []
+
+
+def test_a_failing_exposed_check_does_not_keep_workers_from_the_scheduler() -> None:
+    # The check runs after the scheduler is told: before the review's fix it ran first, so
+    # a discovery error there froze the scheduler's view of the workers (and /state showed
+    # a live set the scheduler never got).
+    h, exposed = _exposed_harness([])
+
+    def broken() -> list[int]:
+        raise RuntimeError("discovery hiccup")
+
+    exposed.instance_ids = broken  # type: ignore[method-assign]
+    h.client.ids = [A]  # worker B left
+    with capture_logs() as logs:
+        assert h.router.refresh_workers() is True
+    assert h.classifier.scheduler.capacity.live_worker_ids == frozenset({A})
+    assert h.router.state()["live_workers"] == [A]
+    assert [e["error"] for e in events(logs, "workers.exposed_check_failed")] == [
+        "RuntimeError('discovery hiccup')"]

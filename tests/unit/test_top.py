@@ -138,6 +138,7 @@ def test_a_bare_host_and_port_is_a_state_url() -> None:
 @pytest.mark.parametrize(("given", "why"), [
     ("localhost:abc", "Port could not be cast"), ("http://[::1", "Invalid IPv6 URL"),
     ("ftp://h:1", "it needs http(s)://HOST[:PORT]"), (":8090", "it needs http(s)://HOST"),
+    ("http://a b:80", "it holds spaces or control characters"),
 ])
 def test_a_state_url_that_is_not_one_is_a_bad_argument(given: str, why: str) -> None:
     # Before: a traceback (http.client.InvalidURL, ValueError) from the first read.
