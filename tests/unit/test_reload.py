@@ -10,6 +10,7 @@ from argparse import Namespace
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from pydantic import BaseModel, ConfigDict
@@ -330,10 +331,10 @@ async def _until(predicate: Callable[[], bool], seconds: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-@pytest.mark.parametrize("watch", [False, True], ids=["sighup", "watch-policy"])
-async def test_serve_reloads_on_sighup_or_when_the_file_changes(tmp_path: Path,
-                                                                watch: bool) -> None:
-    path = _write(tmp_path / "policy.yaml", 0.9)
+def _wired(path: Path, *, watch: bool = False) -> tuple[ThunderAgentClassifier, Any, Any]:
+    """serve's operator wiring (``_operate``: SIGHUP, --watch-policy) around a classifier
+    built from ``path``, on the running loop: the classifier, the router stand-in (its
+    ``state_extensions``) and what ``_operate`` returned."""
     catalog = builtin_catalog()
     policy = load_policy(path, catalog)
     assert policy.classifier is not None
@@ -342,8 +343,16 @@ async def test_serve_reloads_on_sighup_or_when_the_file_changes(tmp_path: Path,
     router = SimpleNamespace(state_extensions={})
     args = Namespace(router_policy_config=str(path), watch_policy=watch, events_port=0,
                      state_host="127.0.0.1")
+    operate = _operate(args, policy, catalog, classifier, router, asyncio.get_running_loop())
+    return classifier, router, operate
+
+
+@pytest.mark.parametrize("watch", [False, True], ids=["sighup", "watch-policy"])
+async def test_serve_reloads_on_sighup_or_when_the_file_changes(tmp_path: Path,
+                                                                watch: bool) -> None:
+    path = _write(tmp_path / "policy.yaml", 0.9)
+    classifier, router, operate = _wired(path, watch=watch)
     loop = asyncio.get_running_loop()
-    operate = _operate(args, policy, catalog, classifier, router, loop)
     try:
         _write(path, 0.85)
         if not watch:
@@ -364,11 +373,6 @@ async def test_a_sighup_reload_that_raises_is_logged_and_the_next_one_applies(
     from structlog.testing import capture_logs
 
     path = _write(tmp_path / "policy.yaml", 0.9)
-    catalog = builtin_catalog()
-    policy = load_policy(path, catalog)
-    assert policy.classifier is not None
-    classifier = catalog.build_classifier(policy.classifier)
-    assert isinstance(classifier, ThunderAgentClassifier)
     real = PolicyReloader.reload
     calls: list[str] = []
 
@@ -379,11 +383,8 @@ async def test_a_sighup_reload_that_raises_is_logged_and_the_next_one_applies(
         return real(self, trigger)
 
     monkeypatch.setattr(PolicyReloader, "reload", reload)
-    router = SimpleNamespace(state_extensions={})
-    args = Namespace(router_policy_config=str(path), watch_policy=False, events_port=0,
-                     state_host="127.0.0.1")
+    classifier, _, operate = _wired(path)
     loop = asyncio.get_running_loop()
-    operate = _operate(args, policy, catalog, classifier, router, loop)
     try:
         _write(path, 0.85)
         with capture_logs() as logs:
