@@ -271,7 +271,7 @@ def run_demo_config(config: DemoConfig, *, as_json: bool, out: TextIO = sys.stdo
             f"{sweep.agents[0]} agents at {sweep.pressures[0]:.1f}x the KV capacity. Steps/min, "
             "hit rate and turn latency over the steady window; recomputed tokens: tokens cached "
             "on a program's previous turn and prefilled again (whole KV blocks); agent-run "
-            "completion: first turn to session-final, over the same agents in every arm (those "
+            "completion: first turn to last turn, over the same agents in every arm (those "
             "that started at their first turn and finished in every arm: the shorter programs "
             "in a short window); turn latency includes admission wait.",
             file=out,

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dynamo_thunderagent.bench.metrics import RecordLike
+from dynamo_thunderagent.bench.metrics import RecordLike, whole_runs
 from dynamo_thunderagent.quantile import percentile
 
 SCHEMA = "dynamo-thunderagent/demo/v2"
@@ -79,21 +79,10 @@ def timeline(
 
 
 def agent_run_times(records: Iterable[RecordLike]) -> dict[str, float]:
-    """Completion time of every agent run that started at its first turn and finished inside
-    the run (first turn sent to session-final answered), by session id: the runs ``bench
-    live``'s ``agent_run_mean_s`` averages (subagents are part of their parent's run)."""
-    first: dict[str, tuple[int, float]] = {}
-    finished: dict[str, float] = {}
-    for r in records:
-        if r.parent_session_id is not None:
-            continue
-        if r.kind == "turn":
-            first[r.session_id] = min(first.get(r.session_id, (r.turn, r.start)),
-                                      (r.turn, r.start))  # fmt: skip
-        elif r.kind == "final":
-            finished[r.session_id] = r.end
-    return {s: end - first[s][1] for s, end in finished.items()
-            if s in first and first[s][0] == 0}  # fmt: skip
+    """Completion time of every whole agent run (:func:`~dynamo_thunderagent.bench.metrics.
+    whole_runs`: from its first turn, finished inside the run, first turn sent to last turn
+    answered), by session id: the runs ``bench live``'s ``agent_run_mean_s`` averages."""
+    return {s: end - start for s, (start, end) in whole_runs(records).items()}
 
 
 def paired_agent_runs(times: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, Any]]:

@@ -164,7 +164,7 @@ class _Run:
         self, agent: int, plan: AgentPlan, kind: RecordKind, parent: str | None = None
     ) -> None:
         record = TurnRecord(kind, agent, plan.session_id, len(plan.turns), self.now(), 0.0, 0, 1,
-                            parent_session_id=parent)  # fmt: skip
+                            parent_session_id=parent, joined=plan.joined_at > 0)  # fmt: skip
         await self.request(
             record,
             [{"role": "user", "content": "done"}],
@@ -184,6 +184,7 @@ class _Run:
                 "turn", agent, plan.session_id, k, self.now(), 0.0,
                 plan.prompt_tokens(k), turn.output_tokens,
                 parent_session_id=parent, compaction=k > 0 and turn.compaction,
+                joined=plan.joined_at > 0,
             )  # fmt: skip
             await self.request(
                 record,

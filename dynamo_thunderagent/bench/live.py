@@ -57,8 +57,8 @@ evaluation does: the N agents start together at their first turn (no warm start,
 and a slot whose agent ends takes no other, so every arm runs the same agents to their end.
 The run ends with the batch's last agent; ``--window`` caps it (default 600 s here). Every
 figure then covers the whole batch: steps/min up to its end, ``makespan_s`` (start to the
-last session-final answered, or given up after the driver's 10 s; None when the cap cut the
-batch or a run was lost), and ``agent_run_mean_s`` / ``agent_run_p90_s`` over the runs that
+last agent's last turn answered; None when the cap cut the batch or a run was lost), and
+``agent_run_mean_s`` / ``agent_run_p90_s`` over the runs that
 finished (every run of the batch, unless the cap cut it or runs were lost: ``results.md``
 then says how many of the N).
 
@@ -87,8 +87,10 @@ Definitions of the figures (per run; see ``bench/metrics.py``)
   ``*_max_s`` figure), the one figure that shows how long any arm held a turn back: the
   ports do not report their waits.
 * ``agent_run_mean_s`` / ``agent_run_p90_s``: agent-run completion time, first turn sent to
-  session-final answered, over the ``agent_runs`` agents that ran whole inside the run
-  (warm-started agents, which began mid-program, are left out).
+  last turn answered (not the session-final after it: ours and the Python port answer it in
+  the router, stock and the builtin queue it on a worker), over the ``agent_runs`` agents
+  that ran whole inside the run (warm-started agents, which began mid-program, are left
+  out: their records say ``joined``).
 * ``makespan_s`` (``--rollout``): when the batch's last agent run ended (its session-final
   answered or given up), from the run's start; None when any run of the batch did not finish
   its turns (the cap cut it, or a turn failed).

@@ -241,7 +241,7 @@ def start_at(plan: AgentPlan, turn: int) -> AgentPlan:
         compaction=False,
     )
     return AgentPlan(f"{plan.session_id}@{turn}", plan.system_tokens,
-                     (first, *plan.turns[turn + 1 :]))  # fmt: skip
+                     (first, *plan.turns[turn + 1 :]), joined_at=turn)  # fmt: skip
 
 
 def warm_start(plans: Iterator[AgentPlan], count: int, seed: int) -> Iterator[AgentPlan]:

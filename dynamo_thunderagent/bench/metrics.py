@@ -62,6 +62,8 @@ class RecordLike(Protocol):
     def parent_session_id(self) -> str | None: ...
     @property
     def compaction(self) -> bool: ...
+    @property
+    def joined(self) -> bool: ...
 
 
 @dataclass
@@ -83,8 +85,8 @@ class ArmMetrics:
     errors_by_type: dict[str, int] = field(default_factory=dict)
     cancelled: int = 0
     agents_completed: int = 0
-    # Agent-run completion time (first turn sent to session-final answered) of the agents
-    # that ran whole inside the run; a warm-started agent (it began mid-program) is left out.
+    # Agent-run completion time (first turn sent to last turn answered) of the agents that
+    # ran whole inside the run; a warm-started agent (it began mid-program) is left out.
     agent_runs: int = 0
     agent_run_mean_s: float | None = None
     agent_run_p90_s: float | None = None
@@ -109,9 +111,11 @@ def _is_ok_turn(record: RecordLike) -> bool:
 
 
 def steps_per_min(
-    records: Iterable[RecordLike], *, warmup_s: float, window_s: float, tail_s: float = 0.0
+    records: Iterable[RecordLike], *, warmup_s: float, window_s: float, tail_s: float = 0.0,
+    closed: bool = False,
 ) -> tuple[float, int, float]:
-    """``(steps/min, turns counted, steady window length)`` over ``[warmup_s, window_s-tail_s)``.
+    """``(steps/min, turns counted, steady window length)`` over ``[warmup_s, window_s-tail_s)``
+    (``closed``: up to and including its end, as a rollout's window ends with its last turn).
 
     Raises ValueError if the steady window is empty.
     """
@@ -120,7 +124,8 @@ def steps_per_min(
         raise ValueError(
             f"empty steady window: warmup {warmup_s}s, tail {tail_s}s, window {window_s}s"
         )
-    count = sum(1 for r in records if _is_ok_turn(r) and start <= r.end < stop)
+    count = sum(1 for r in records if _is_ok_turn(r) and start <= r.end
+                and (r.end < stop or (closed and r.end == stop)))
     return count / ((stop - start) / 60.0), count, stop - start
 
 
@@ -182,10 +187,11 @@ def summarize(
     window is the batch, up to its last record (the makespan when every run finished; a run
     that failed ends the batch without one), or ``window_s`` where that cap cut it."""
     makespan = batch_makespan(records, batch) if batch is not None else None
-    if batch is not None and records:
-        window_s = min(window_s, max(r.end for r in records))
+    turns = [r for r in records if r.kind == "turn"]
+    if batch is not None and turns:  # to the last turn: a session-final is bookkeeping
+        window_s = min(window_s, max(r.end for r in turns))
     rate, steady, steady_len = steps_per_min(
-        records, warmup_s=warmup_s, window_s=window_s, tail_s=tail_s
+        records, warmup_s=warmup_s, window_s=window_s, tail_s=tail_s, closed=batch is not None
     )
     ok = [r for r in records if _is_ok_turn(r)]
     prompt, cached, hit_rate = cache_figures(ok)
@@ -218,10 +224,9 @@ def summarize(
 
 
 def batch_makespan(records: Sequence[RecordLike], agents: int) -> float | None:
-    """When the last of a batch of ``agents`` agent runs ended (its session-final answered,
-    or given up by the client), or None unless every one of them ran whole from its first
-    turn and finished its turns."""
-    runs = _whole_runs(records)
+    """When the last of a batch of ``agents`` agent runs ended (its last turn answered), or
+    None unless every one of them ran whole from its first turn and finished its turns."""
+    runs = whole_runs(records)
     if agents < 1 or len(runs) != agents:
         return None
     return max(end for _, end in runs.values())
@@ -229,24 +234,32 @@ def batch_makespan(records: Sequence[RecordLike], agents: int) -> float | None:
 
 def _agent_runs(records: Sequence[RecordLike]) -> dict[str, Any]:
     """Completion times of the agent runs that started at their first turn and finished."""
-    times = [end - start for start, end in _whole_runs(records).values()]
+    times = [end - start for start, end in whole_runs(records).values()]
     return {"agent_runs": len(times),
             "agent_run_mean_s": sum(times) / len(times) if times else None,
             "agent_run_p90_s": percentile(times, 0.90)}
 
 
-def _whole_runs(records: Sequence[RecordLike]) -> dict[str, tuple[float, float]]:
-    """``(first turn sent, session-final ended)`` of each agent run that started at its first
-    turn and finished (a warm-started one, which began mid-program, is left out)."""
+def whole_runs(records: Iterable[RecordLike]) -> dict[str, tuple[float, float]]:
+    """``(first turn sent, last turn answered)`` of each agent run, by session id, that
+    started at its first turn and finished (its session-final was sent). A warm-started run,
+    which began mid-program, is left out; a subagent's turns are part of its parent's run.
+    The session-final itself is not: ours and the Python port answer it in the router, stock
+    and the builtin send it to a worker, where it may queue behind the batch."""
     first: dict[str, tuple[int, float]] = {}
-    finished: dict[str, float] = {}
+    last: dict[str, float] = {}
+    finished: set[str] = set()
+    joined: set[str] = set()
     for r in records:
-        if r.parent_session_id is not None:
-            continue  # a subagent's run is part of its parent's
+        run = r.parent_session_id or r.session_id
+        if r.joined:
+            joined.add(run)
         if r.kind == "turn":
-            turn, start = first.get(r.session_id, (r.turn, r.start))
-            first[r.session_id] = min((turn, start), (r.turn, r.start))
-        elif r.kind == "final":
-            finished[r.session_id] = r.end
-    return {s: (first[s][1], end) for s, end in finished.items()
-            if s in first and first[s][0] == 0}
+            last[run] = max(last.get(run, r.end), r.end)
+            if r.parent_session_id is None:
+                turn, start = first.get(run, (r.turn, r.start))
+                first[run] = min((turn, start), (r.turn, r.start))
+        elif r.kind == "final" and r.parent_session_id is None:
+            finished.add(run)
+    return {s: (first[s][1], last[s]) for s in finished
+            if s in first and first[s][0] == 0 and s not in joined}

@@ -28,6 +28,7 @@ class TurnRecord:
     and ``reusable_tokens`` are the simulator's (None in a live run). ``parent_session_id``:
     the session that spawned this one, for a subagent's requests (None otherwise).
     ``compaction``: the turn started a new history (it does not extend the previous prompt).
+    ``joined``: the agent joined its program mid-way (a warm start): not a whole agent run.
     """
 
     kind: RecordKind
@@ -49,6 +50,7 @@ class TurnRecord:
     reusable_tokens: int | None = None
     parent_session_id: str | None = None
     compaction: bool = False
+    joined: bool = False
 
     @property
     def latency(self) -> float:

@@ -192,6 +192,9 @@ class AgentPlan:
     session_id: str
     system_tokens: int
     turns: tuple[TurnPlan, ...]
+    # The turn of the whole program this plan starts at (a warm start joins mid-program,
+    # bench/live_sweep.start_at): its run is not whole, so agent-run times leave it out.
+    joined_at: int = 0
 
     def history_start(self, turn: int) -> int:
         """The turn where the history that ``turn`` extends began (0 or a compaction)."""

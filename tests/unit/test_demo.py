@@ -194,19 +194,35 @@ def test_timeline_png_is_written_for_both_arms(tmp_path: Path) -> None:
 # ----- agent-run completion -----------------------------------------------------------------
 
 
-def _agent(session: str, start: float, end: float, first_turn: int = 0) -> list[TurnRecord]:
-    turn = TurnRecord(kind="turn", agent=0, session_id=session, turn=first_turn, start=start,
-                      end=start + 1.0, planned_prompt_tokens=10, planned_output_tokens=1)
-    final = TurnRecord(kind="final", agent=0, session_id=session, turn=1, start=end - 0.1,
-                       end=end, planned_prompt_tokens=0, planned_output_tokens=1)
+def _agent(session: str, start: float, end: float, joined: bool = False) -> list[TurnRecord]:
+    """One agent's last turn answered at ``end``, then its session-final, 5 s later."""
+    turn = TurnRecord(kind="turn", agent=0, session_id=session, turn=0, start=start,
+                      end=end, planned_prompt_tokens=10, planned_output_tokens=1,
+                      joined=joined)
+    final = TurnRecord(kind="final", agent=0, session_id=session, turn=1, start=end,
+                       end=end + 5.0, planned_prompt_tokens=0, planned_output_tokens=1,
+                       joined=joined)
     return [turn, final]  # fmt: skip
 
 
 def test_agent_run_times_count_whole_runs_only() -> None:
-    records = [*_agent("a", 0.0, 30.0), *_agent("warm", 0.0, 5.0, first_turn=3)]
+    # A warm-started agent's plan starts at its turn 0 too (start_at renumbers it): the
+    # record says it joined mid-program. Before, such runs were counted as whole.
+    records = [*_agent("a", 0.0, 30.0), *_agent("warm@3", 0.0, 5.0, joined=True)]
     records.append(TurnRecord(kind="turn", agent=1, session_id="unfinished", turn=0, start=1.0,
                               end=2.0, planned_prompt_tokens=10, planned_output_tokens=1))
+    # The run ends when its last turn is answered: the session-final's 5 s (a worker may
+    # queue it, or the router answer it at once) are not the agent's.
     assert agent_run_times(records) == {"a": 30.0}
+
+
+def test_a_warm_started_plan_marks_its_records_as_joined() -> None:
+    from dynamo_thunderagent.bench import live_sweep
+    from dynamo_thunderagent.bench.workload import AgentPlan, TurnPlan
+
+    plan = AgentPlan("s", 100, tuple(TurnPlan(50, 10, 1.0) for _ in range(4)))
+    assert live_sweep.start_at(plan, 2).joined_at == 2
+    assert live_sweep.start_at(plan, 0).joined_at == 0
 
 
 def test_agent_runs_are_compared_over_the_agents_every_arm_finished() -> None:

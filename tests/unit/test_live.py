@@ -503,8 +503,10 @@ def test_a_rollouts_row_covers_its_batch_and_the_report_says_which_runs_have_no_
         key = live.RunKey("calibrated", repeat, 2, "ours", 0, 0)
         rows.append(live.make_row(key, _batch_result("ours", finished=finished),
                                   pressure=3.0, warmup_s=0.0, window_s=600.0))
-    assert rows[0]["makespan_s"] == 9.0
-    assert rows[0]["steps_per_min"] == pytest.approx(4 / (9.0 / 60))
+    # The batch ends with its last turn (8 s), not its last session-final (9 s): a final is
+    # answered in the router by some arms and queued on a worker by others.
+    assert rows[0]["makespan_s"] == 8.0
+    assert rows[0]["steps_per_min"] == pytest.approx(4 / (8.0 / 60))
     assert rows[0]["latency_p50_s"] is not None and rows[0]["hit_rate"] is not None
     assert rows[2]["makespan_s"] is None  # one agent never finished: no makespan
     config = {"workers": 2, "block_size": 16, "window_s": 600.0, "warmup_s": 0.0,
@@ -518,7 +520,7 @@ def test_a_rollouts_row_covers_its_batch_and_the_report_says_which_runs_have_no_
                                meta={}, include_samples=False)  # fmt: skip
     text = live.render_markdown(report)
     assert "rollout: one batch of N agents per run, run to its end (capped at 600.0 s)" in text
-    assert "| ours | 9 (9-9) [1/3 without: cut or a run lost] |" in text
+    assert "| ours | 8 (8-8) [1/3 without: cut or a run lost] |" in text
     # Its run figures cover the runs that finished: 5 of the 6, 1.7 a repeat of 2.
     assert "(1.7 of 2 runs)" in text
 

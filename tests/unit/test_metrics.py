@@ -26,6 +26,7 @@ def turn(
     error: str | None = None,
     cancelled: bool = False,
     kind: str = "turn",
+    joined: bool = False,
 ) -> TurnRecord:
     return TurnRecord(
         kind=kind,  # type: ignore[arg-type]
@@ -42,6 +43,7 @@ def turn(
         error=error,
         error_type=error.split(":")[0] if error else None,
         cancelled=cancelled,
+        joined=joined,
     )
 
 
@@ -140,16 +142,19 @@ def test_summarize_without_usage_has_no_hit_rate() -> None:
 
 
 def test_agent_run_time_counts_whole_runs_only() -> None:
+    # A run ends when its last turn is answered, not its session-final (which some arms
+    # answer in the router and others queue on a worker).
     records = [
         turn("a", 0, end=2.0, start=1.0), turn("a", 1, end=5.0),
-        turn("a", 2, end=6.0, kind="final"),          # a whole run: 1.0 -> 6.0
-        turn("b", 3, end=4.0, start=0.5), turn("b", 4, end=9.0),
-        turn("b", 5, end=9.5, kind="final"),          # warm-started at turn 3: left out
+        turn("a", 2, end=6.0, kind="final"),          # a whole run: 1.0 -> 5.0
+        # Warm-started (joined mid-program; its plan is renumbered from turn 0): left out.
+        turn("b@3", 0, end=4.0, start=0.5, joined=True), turn("b@3", 1, end=9.0, joined=True),
+        turn("b@3", 2, end=9.5, kind="final", joined=True),
         turn("c", 0, end=3.0, start=2.0),             # still running: no final
-        turn("d", 0, end=4.0, start=2.0), turn("d", 1, end=10.0, kind="final"),  # 2.0 -> 10.0
+        turn("d", 0, end=4.0, start=2.0), turn("d", 1, end=10.0, kind="final"),  # 2.0 -> 4.0
     ]
     m = summarize(records, warmup_s=0.0, window_s=20.0)
-    assert (m.agent_runs, m.agent_run_mean_s, m.agent_run_p90_s) == (2, 6.5, 8.0)
+    assert (m.agent_runs, m.agent_run_mean_s, m.agent_run_p90_s) == (2, 3.0, 4.0)
     assert m.agents_completed == 3
 
 
@@ -168,15 +173,16 @@ def _batch(*, c_finishes: bool) -> list[TurnRecord]:
 
 def test_a_rollouts_window_is_its_batch_once_every_run_ended() -> None:
     done = summarize(_batch(c_finishes=True), warmup_s=0.0, window_s=600.0, batch=3)
-    assert done.makespan_s == batch_makespan(_batch(c_finishes=True), 3) == 12.0
-    assert done.steady_window_s == 12.0 and done.steady_turns == 5
-    assert done.steps_per_min == pytest.approx(5 / (12.0 / 60))
-    assert (done.agent_runs, done.agent_run_p90_s) == (3, 12.0)
-    # A run that failed: no makespan, and the batch ended with its last record.
+    # The batch ends with its last turn answered (11 s), not its last session-final (12 s).
+    assert done.makespan_s == batch_makespan(_batch(c_finishes=True), 3) == 11.0
+    assert done.steady_window_s == 11.0 and done.steady_turns == 5
+    assert done.steps_per_min == pytest.approx(5 / (11.0 / 60))
+    assert (done.agent_runs, done.agent_run_p90_s) == (3, 11.0)
+    # A run that failed: no makespan, and the batch ended with its last turn.
     failed = [*_batch(c_finishes=False), turn("c", 1, end=10.0, error="APITimeoutError: t")]
     ended = summarize(failed, warmup_s=0.0, window_s=600.0, batch=3)
-    assert ended.makespan_s is None and ended.steady_window_s == 12.0
-    assert ended.steps_per_min == pytest.approx(5 / (12.0 / 60))  # the failed turn not
+    assert ended.makespan_s is None and ended.steady_window_s == 11.0
+    assert ended.steps_per_min == pytest.approx(5 / (11.0 / 60))  # the failed turn not
     # A batch the cap cut: no makespan, and the figures up to the cap.
     cut = summarize(_batch(c_finishes=False), warmup_s=0.0, window_s=10.0, batch=3)
     assert cut.makespan_s is None and cut.steady_window_s == 10.0
