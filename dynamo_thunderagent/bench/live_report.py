@@ -205,9 +205,26 @@ def aggregate_cell(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return cell
 
 
+def _steps_by_repeat(rows: Sequence[Mapping[str, Any]]) -> dict[Any, float]:
+    """Steps/min of each repeat that ran and reported them."""
+    return {r.get("repeat"): float(r["steps_per_min"]) for r in rows
+            if r.get("error") is None and r.get("steps_per_min") is not None}
+
+
+def vs_stock(arm_rows: Sequence[Mapping[str, Any]],
+             stock_rows: Sequence[Mapping[str, Any]]) -> float | None:
+    """An arm's steps/min over stock's, both averaged over the repeats *both* ran (a repeat
+    one of them lost would otherwise put its mean over other runs than the other's)."""
+    arm, stock = _steps_by_repeat(arm_rows), _steps_by_repeat(stock_rows)
+    both = [k for k in arm if k in stock]
+    base = sum(stock[k] for k in both)
+    return sum(arm[k] for k in both) / base if both and base else None
+
+
 def aggregate(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[int, dict[str, Any]]]]:
     """``{regime: {arm: {N: cell}}}`` (arms and N in first-seen order); ratios to ``stock``
-    (``steps_per_min_vs_stock``) where stock has a value at the same N."""
+    (``steps_per_min_vs_stock``) where stock has a value at the same N, over the repeats
+    both ran."""
     grouped: dict[str, dict[str, dict[int, list[Mapping[str, Any]]]]] = {}
     for row in rows:
         grouped.setdefault(row["regime"], {}).setdefault(row["arm"], {}).setdefault(
@@ -219,14 +236,10 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[int
             arm: {n: aggregate_cell(rs) for n, rs in sorted(by_n.items())}
             for arm, by_n in arms.items()
         }
-        stock = cells.get(BASELINE_ARM, {})
-        for by_n in cells.values():
+        stock = arms.get(BASELINE_ARM, {})
+        for arm, by_n in cells.items():
             for n, cell in by_n.items():
-                base = stock.get(n, {}).get("steps_per_min")
-                value = cell.get("steps_per_min")
-                cell["steps_per_min_vs_stock"] = (
-                    value / base if value is not None and base else None
-                )
+                cell["steps_per_min_vs_stock"] = vs_stock(arms[arm][n], stock.get(n, []))
         out[regime] = cells
     return out
 

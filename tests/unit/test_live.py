@@ -333,6 +333,17 @@ def test_aggregate_ratios_to_stock() -> None:
     assert cells["calibrated"]["stock"][4]["steps_per_min_vs_stock"] == pytest.approx(1.0)
 
 
+def test_a_ratio_to_stock_covers_only_the_repeats_both_arms_ran() -> None:
+    # Ours lost repeat 1 at N=4; stock's repeat 1 was slow. Before, ours' one repeat was
+    # divided by stock's mean over both, flattering ours by stock's spread.
+    rows = [_row("stock", 4, 0, 8), _row("ours", 4, 0, 12),
+            _row("stock", 4, 1, 4), _row("ours", 4, 1, 0, error="StackError: boom")]
+    cell = live_report.aggregate(rows)["calibrated"]["ours"][4]
+    assert cell["steps_per_min_vs_stock"] == pytest.approx(12 / 8)
+    lost = [_row("stock", 4, 0, 8, error="StackError: boom"), _row("ours", 4, 1, 12)]
+    assert live_report.aggregate(lost)["calibrated"]["ours"][4]["steps_per_min_vs_stock"] is None
+
+
 def _report(include_samples: bool = True) -> dict[str, Any]:
     config = {
         "workers": 2, "block_size": 16, "window_s": 10.0, "warmup_s": 1.0, "repeats": 2,
