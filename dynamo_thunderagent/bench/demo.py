@@ -22,9 +22,10 @@ Sizing, warm start, agents and every figure are ``bench live``'s (``prepare_regi
 What it prints and writes
 -------------------------
 A table with one column per arm: steps/min over the steady window ``[--warmup, --window)``,
-prefix-cache hit rate, recomputed tokens, agent-run completion time (mean, p90, over the agent
-runs every arm finished whole inside its run: the same programs, since every arm replays the
-same seeded agents; each arm's own ``bench live`` mean is shown too), turn latency p50/p99
+prefix-cache hit rate, recomputed tokens, agent-run completion time (mean, p90, over the agents
+every arm finished inside its run: the same programs, since every arm replays the same seeded
+agents, warm starts included, each counted from the turn it joins at; each arm's own ``bench
+live`` mean over whole runs is shown too), turn latency p50/p99
 and the longest turn, admission waits (ours; a turn still waiting at the end is reported
 with its wait so far), programs paused, pauses, resumes and moves (ours), then each arm's
 ratios to the first.
@@ -271,9 +272,10 @@ def run_demo_config(config: DemoConfig, *, as_json: bool, out: TextIO = sys.stdo
             f"{sweep.agents[0]} agents at {sweep.pressures[0]:.1f}x the KV capacity. Steps/min, "
             "hit rate and turn latency over the steady window; recomputed tokens: tokens cached "
             "on a program's previous turn and prefilled again (whole KV blocks); agent-run "
-            "completion: first turn to last turn, over the same agents in every arm (those "
-            "that started at their first turn and finished in every arm: the shorter programs "
-            "in a short window); turn latency includes admission wait.",
+            "completion: first turn sent to last turn answered, over the same agents in every "
+            "arm (those every arm finished: in a short window, mostly the agents the run "
+            "starts with, which join their programs mid-way at the same turn in every arm, "
+            "counted from there); turn latency includes admission wait.",
             file=out,
         )
         if note:

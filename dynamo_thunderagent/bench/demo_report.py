@@ -79,10 +79,12 @@ def timeline(
 
 
 def agent_run_times(records: Iterable[RecordLike]) -> dict[str, float]:
-    """Completion time of every whole agent run (:func:`~dynamo_thunderagent.bench.metrics.
-    whole_runs`: from its first turn, finished inside the run, first turn sent to last turn
-    answered), by session id: the runs ``bench live``'s ``agent_run_mean_s`` averages."""
-    return {s: end - start for s, (start, end) in whole_runs(records).items()}
+    """Completion time of every agent that finished inside the run, by session id: its first
+    turn in the run sent to its last turn answered (:func:`~dynamo_thunderagent.bench.
+    metrics.whole_runs`). The agents a run starts with join mid-program (a warm start) and
+    are counted from there: :func:`paired_agent_runs` compares only agents every arm
+    finished, which every arm started at the same turn with the same history."""
+    return {s: end - start for s, (start, end) in whole_runs(records, joined=True).items()}
 
 
 def paired_agent_runs(times: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, Any]]:
@@ -136,8 +138,8 @@ FIGURES: tuple[Figure, ...] = (
            "agent-run mean"),
     Figure("agent_run_paired_p90_s", "agent-run completion p90 (s)", ".1f", "agent-run p90"),
     Figure("agent_runs_paired", "  same agents, finished in every arm", ".0f"),
-    Figure("agent_run_mean_s", "  mean over the arm's own finished (s)", ".1f"),
-    Figure("agent_runs", "  agent runs the arm finished", ".0f"),
+    Figure("agent_run_mean_s", "  mean over whole runs the arm finished (s)", ".1f"),
+    Figure("agent_runs", "  whole runs (from turn 0) the arm finished", ".0f"),
     Figure("latency_p50_s", "turn latency p50 (s)", ".2f", "turn p50"),
     Figure("latency_p99_s", "turn latency p99 (s)", ".2f", "turn p99"),
     Figure("latency_max_s", "  longest turn, unfinished ones so far (s)", ".2f"),

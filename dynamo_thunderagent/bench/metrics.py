@@ -240,20 +240,23 @@ def _agent_runs(records: Sequence[RecordLike]) -> dict[str, Any]:
             "agent_run_p90_s": percentile(times, 0.90)}
 
 
-def whole_runs(records: Iterable[RecordLike]) -> dict[str, tuple[float, float]]:
+def whole_runs(records: Iterable[RecordLike], *,
+               joined: bool = False) -> dict[str, tuple[float, float]]:
     """``(first turn sent, last turn answered)`` of each agent run, by session id, that
     started at its first turn and finished (its session-final was sent). A warm-started run,
-    which began mid-program, is left out; a subagent's turns are part of its parent's run.
+    which began mid-program, is left out unless ``joined`` (then it counts from the turn it
+    joined at: only a comparison of the same agents across arms, which join at the same
+    turn, should ask for it); a subagent's turns are part of its parent's run.
     The session-final itself is not: ours and the Python port answer it in the router, stock
     and the builtin send it to a worker, where it may queue behind the batch."""
     first: dict[str, tuple[int, float]] = {}
     last: dict[str, float] = {}
     finished: set[str] = set()
-    joined: set[str] = set()
+    late: set[str] = set()  # warm-started: joined mid-program
     for r in records:
         run = r.parent_session_id or r.session_id
         if r.joined:
-            joined.add(run)
+            late.add(run)
         if r.kind == "turn":
             last[run] = max(last.get(run, r.end), r.end)
             if r.parent_session_id is None:
@@ -262,4 +265,4 @@ def whole_runs(records: Iterable[RecordLike]) -> dict[str, tuple[float, float]]:
         elif r.kind == "final" and r.parent_session_id is None:
             finished.add(run)
     return {s: (first[s][1], last[s]) for s in finished
-            if s in first and first[s][0] == 0 and s not in joined}
+            if s in first and first[s][0] == 0 and (joined or s not in late)}

@@ -205,15 +205,16 @@ def _agent(session: str, start: float, end: float, joined: bool = False) -> list
     return [turn, final]  # fmt: skip
 
 
-def test_agent_run_times_count_whole_runs_only() -> None:
-    # A warm-started agent's plan starts at its turn 0 too (start_at renumbers it): the
-    # record says it joined mid-program. Before, such runs were counted as whole.
+def test_agent_run_times_count_finished_agents_from_where_they_joined() -> None:
+    # The demo pairs agents across arms, which join at the same turn in every arm: a
+    # warm-started agent counts from its first turn in the run (whole_runs leaves it out
+    # where runs are not paired, bench live's own mean). An unfinished agent counts nowhere.
     records = [*_agent("a", 0.0, 30.0), *_agent("warm@3", 0.0, 5.0, joined=True)]
     records.append(TurnRecord(kind="turn", agent=1, session_id="unfinished", turn=0, start=1.0,
                               end=2.0, planned_prompt_tokens=10, planned_output_tokens=1))
-    # The run ends when its last turn is answered: the session-final's 5 s (a worker may
+    # A run ends when its last turn is answered: the session-final's 5 s (a worker may
     # queue it, or the router answer it at once) are not the agent's.
-    assert agent_run_times(records) == {"a": 30.0}
+    assert agent_run_times(records) == {"a": 30.0, "warm@3": 5.0}
 
 
 def test_a_warm_started_plan_marks_its_records_as_joined() -> None:
