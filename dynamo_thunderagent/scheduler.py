@@ -226,8 +226,7 @@ class Scheduler:
         # A session-final request that ends its program at once (none, or one with no
         # turn running or queued) holds no entry past this call: never refused for room,
         # since refusing it would keep a finished program's charge on its rank.
-        ends_now = session_final and (
-            program is None or (program.current is None and not program.waiting))
+        ends_now = session_final and (program is None or not program.busy)
         if len(table.requests) >= limit and not ends_now:
             return self._reject(d, request_id, "max_tracked_requests",
                                 f"the scheduler already tracks {limit} requests "

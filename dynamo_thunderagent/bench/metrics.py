@@ -187,9 +187,10 @@ def summarize(
     window is the batch, up to its last record (the makespan when every run finished; a run
     that failed ends the batch without one), or ``window_s`` where that cap cut it."""
     makespan = batch_makespan(records, batch) if batch is not None else None
-    turns = [r for r in records if r.kind == "turn"]
-    if batch is not None and turns:  # to the last turn: a session-final is bookkeeping
-        window_s = min(window_s, max(r.end for r in turns))
+    if batch is not None:  # to the last turn: a session-final is bookkeeping
+        last_turn = max((r.end for r in records if r.kind == "turn"), default=None)
+        if last_turn is not None:
+            window_s = min(window_s, last_turn)
     rate, steady, steady_len = steps_per_min(
         records, warmup_s=warmup_s, window_s=window_s, tail_s=tail_s, closed=batch is not None
     )
