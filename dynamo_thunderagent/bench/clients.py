@@ -6,8 +6,8 @@ X-Dynamo-Session-ID``) and never sends ``X-Dynamo-Session-Final``: every convers
 stops. This command runs the same aiperf command line against a fresh local stack of each arm
 (stock KV routing, ours, and optionally the ports), for each workload and concurrency, in an
 order rotated between repeats, and reports requests/s, TTFT percentiles and errors side by
-side, with ours' ratios to stock, the hit rate the frontend counted, and the router's state
-after the run (programs retained, tracked requests, pauses).
+side, with ours' ratios to stock (over the repeats both ran), the hit rate the frontend
+counted, and the router's state after the run (programs retained, tracked requests, pauses).
 
 Workloads (the exact aiperf flags are in :data:`WORKLOADS`):
 
@@ -41,7 +41,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -57,6 +57,7 @@ from dynamo_thunderagent.bench.agentic_code import (
 )
 from dynamo_thunderagent.bench.live import code_version
 from dynamo_thunderagent.bench.live_sweep import ArmSpec
+from dynamo_thunderagent.bench.metrics import paired_ratio
 from dynamo_thunderagent.bench.output import publish
 from dynamo_thunderagent.dynamo.translate import SESSION_HEADER
 from dynamo_thunderagent.policy_files import POLICY_CLOCKS
@@ -335,7 +336,8 @@ def _mean(values: list[float]) -> float | None:
 
 
 def summarize(runs: list[ClientRun]) -> list[dict[str, Any]]:
-    """One row per (workload, concurrency, arm): means over repeats, ratios to stock."""
+    """One row per (workload, concurrency, arm): means over repeats, ratios to stock over
+    the repeats both ran."""
     groups: dict[tuple[str, int, str], list[ClientRun]] = {}
     for run in runs:
         groups.setdefault((run.workload, run.concurrency, run.arm), []).append(run)
@@ -359,14 +361,29 @@ def summarize(runs: list[ClientRun]) -> list[dict[str, Any]]:
                 [1e3 * r.cpu_s[role] / r.completed for r in good
                  if role in r.cpu_s and r.completed])
         rows.append(row)
-    by_key = {(r["workload"], r["concurrency"], r["arm"]): r for r in rows}
+    # Ratios to stock over the repeats both ran: a repeat one arm lost would otherwise
+    # divide a mean over some runs by a mean over others.
     for row in rows:
-        stock = by_key.get((row["workload"], row["concurrency"], BASELINE_ARM))
-        rps, base = row["requests_per_s"], stock and stock["requests_per_s"]
-        row["rps_vs_stock"] = rps / base if rps and base else None
-        p99, base_p99 = row["ttft_p99_ms"], stock and stock["ttft_p99_ms"]
-        row["ttft_p99_vs_stock"] = p99 / base_p99 if p99 and base_p99 else None
+        stock = groups.get((row["workload"], row["concurrency"], BASELINE_ARM), [])
+        own = groups[(row["workload"], row["concurrency"], row["arm"])]
+        row["rps_vs_stock"] = paired_ratio(_by_repeat(own, _rps), _by_repeat(stock, _rps))
+        row["ttft_p99_vs_stock"] = paired_ratio(_by_repeat(own, _ttft_p99),
+                                                _by_repeat(stock, _ttft_p99))
     return rows
+
+
+def _rps(run: ClientRun) -> float | None:
+    return run.requests_per_s
+
+
+def _ttft_p99(run: ClientRun) -> float | None:
+    return run.ttft_ms.get("p99")
+
+
+def _by_repeat(runs: list[ClientRun], figure: Callable[[ClientRun], float | None]
+               ) -> dict[int, float]:
+    """``figure`` of each repeat that ran to its end and reported it."""
+    return {r.repeat: value for r in runs if r.ok and (value := figure(r)) is not None}
 
 
 def _fmt(value: float | None, spec: str = ".1f", suffix: str = "") -> str:

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dynamo_thunderagent.bench.live_sweep import RunKey
+from dynamo_thunderagent.bench.metrics import paired_ratio
 from dynamo_thunderagent.bench.runner import ArmResult
 from dynamo_thunderagent.quantile import percentile
 from dynamo_thunderagent.stack.arms import BASELINE_ARM
@@ -213,12 +214,8 @@ def _steps_by_repeat(rows: Sequence[Mapping[str, Any]]) -> dict[Any, float]:
 
 def vs_stock(arm_rows: Sequence[Mapping[str, Any]],
              stock_rows: Sequence[Mapping[str, Any]]) -> float | None:
-    """An arm's steps/min over stock's, both averaged over the repeats *both* ran (a repeat
-    one of them lost would otherwise put its mean over other runs than the other's)."""
-    arm, stock = _steps_by_repeat(arm_rows), _steps_by_repeat(stock_rows)
-    both = [k for k in arm if k in stock]
-    base = sum(stock[k] for k in both)
-    return sum(arm[k] for k in both) / base if both and base else None
+    """An arm's steps/min over stock's, over the repeats *both* ran (:func:`paired_ratio`)."""
+    return paired_ratio(_steps_by_repeat(arm_rows), _steps_by_repeat(stock_rows))
 
 
 def aggregate(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[int, dict[str, Any]]]]:

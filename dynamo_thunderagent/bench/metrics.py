@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -104,6 +104,15 @@ class ArmMetrics:
         data = asdict(self)
         data["recomputed_fraction"] = self.recomputed_fraction
         return data
+
+
+def paired_ratio(arm: Mapping[Any, float], base: Mapping[Any, float]) -> float | None:
+    """``arm``'s mean over ``base``'s, both over the repeats (keys) *both* have: a repeat one
+    side lost would otherwise put its mean over other runs than the other's. None when they
+    share no repeat or the base sums to zero."""
+    both = [k for k in arm if k in base]
+    denominator = sum(base[k] for k in both)
+    return sum(arm[k] for k in both) / denominator if both and denominator else None
 
 
 def _is_ok_turn(record: RecordLike) -> bool:
