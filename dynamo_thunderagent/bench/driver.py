@@ -4,7 +4,10 @@ Each agent runs one :class:`~dynamo_thunderagent.bench.workload.AgentPlan`: send
 with its whole history and ``X-Dynamo-Session-ID``, receive the reply, sleep the tool time,
 append the tool output, repeat; after the last turn it sends one minimal request with
 ``X-Dynamo-Session-Final: true`` so the scheduler can release the program. A finished agent
-is replaced by the next plan of the stream, so N agents are always in flight.
+is replaced by the next plan of the stream at once, so N agents are always in flight: the
+session-final is bookkeeping and nobody waits for its answer, which ours and the Python port
+give in the router while stock and the builtin queue the request on a worker (a slot that
+waited for it would idle longer under those arms, a bias in ours' favour).
 
 Contract of a run (:func:`run_closed_loop`):
 
@@ -13,7 +16,7 @@ Contract of a run (:func:`run_closed_loop`):
   recorded as ``cancelled`` (not an error: the driver gave up, the server did not fail).
 * Every request has a client timeout (``request_timeout_s``) and the SDK never retries, so
   the run ends by ``window_s + drain_s`` plus one release timeout at most, whatever the server
-  does.
+  does (session-finals and releases still unanswered then are cancelled).
 * Prompts are made of whole words that the tokenizer maps to exactly one token each, so the
   prompt of turn ``k`` has the planned number of tokens (the chat template's own tokens are
   measured once per run and subtracted). The content of every message is a pure function of
@@ -25,8 +28,9 @@ Contract of a run (:func:`run_closed_loop`):
 * A fan-out turn's subagents run concurrently once the turn's reply is in, each with its own
   session id, ``X-Dynamo-Parent-Session-ID: <parent>`` and a session-final (or release) of
   its own; the parent's tool is over when the last of them has ended, plus the turn's
-  ``tool_seconds``. Subagents run inside the parent's slot: N counts parents, and their
-  records carry the parent's agent number and session id.
+  ``tool_seconds`` (not their session-finals, which nobody waits for). Subagents run inside
+  the parent's slot: N counts parents, and their records carry the parent's agent number and
+  session id.
 * ``background`` (optional): other tenants' chat traffic beside the agents, sessionless
   requests of unique prompts sent back to back by ``concurrency`` loops from the start until
   the window closes. They are not turns (not in ``records``); their counts and latency are
@@ -54,6 +58,8 @@ from dynamo_thunderagent.bench.records import RecordKind, RunResult, TurnRecord
 from dynamo_thunderagent.bench.workload import AgentPlan, Background
 from dynamo_thunderagent.dynamo.translate import FINAL_HEADER, PARENT_HEADER, SESSION_HEADER
 from dynamo_thunderagent.quantile import percentile
+
+FINAL_TIMEOUT_S = 10.0  # the client's timeout of a session-final, and the run's wait for them
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,7 @@ class _Run:
         self._next_request = 0
         self.background_latencies: list[float] = []
         self.background_errors = 0
+        self.finals: set[asyncio.Task[None]] = set()  # session-finals not answered yet
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -170,8 +177,28 @@ class _Run:
             [{"role": "user", "content": "done"}],
             1,
             {**_session_headers(plan.session_id, parent), FINAL_HEADER: "true"},
-            min(self.request_timeout_s, 10.0),
+            min(self.request_timeout_s, FINAL_TIMEOUT_S),
         )
+
+    def send_final(
+        self, agent: int, plan: AgentPlan, kind: RecordKind, parent: str | None = None
+    ) -> None:
+        """Send the session-final (or release) without waiting for its answer; the run
+        collects what is outstanding at its end (:meth:`settle_finals`)."""
+        task = asyncio.create_task(self.session_final(agent, plan, kind, parent))
+        self.finals.add(task)
+        task.add_done_callback(self.finals.discard)
+
+    async def settle_finals(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the session-finals still outstanding; cancel the rest
+        (their records say ``cancelled``)."""
+        if not self.finals:
+            return
+        _, late = await asyncio.wait(set(self.finals), timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late, timeout=1.0)
 
     async def run_agent(self, agent: int, plan: AgentPlan, parent: str | None = None) -> bool:
         """Run one plan until it ends, fails, or the window closes; True if it finished."""
@@ -212,9 +239,9 @@ class _Run:
         """Run a subagent to its end, then send its session-final (or release)."""
         finished = await self.run_agent(agent, plan, parent)
         if finished:
-            await self.session_final(agent, plan, "final", parent)
+            self.send_final(agent, plan, "final", parent)
         elif self.release_unfinished:
-            await self.session_final(agent, plan, "release", parent)
+            self.send_final(agent, plan, "release", parent)
         return finished
 
     async def slot(self) -> None:
@@ -231,9 +258,9 @@ class _Run:
                 if finished:
                     self.agents_completed += 1
             if finished:
-                await self.session_final(agent, plan, "final")
+                self.send_final(agent, plan, "final")
             elif self.release_unfinished:
-                await self.session_final(agent, plan, "release")
+                self.send_final(agent, plan, "release")
 
     async def background(self, loop: int, spec: Background) -> None:
         """One loop of background traffic: sessionless requests until the window closes."""
@@ -321,15 +348,13 @@ async def run_closed_loop(
             await asyncio.wait(others, timeout=5.0)
         if pending:
             await asyncio.wait(pending, timeout=5.0)
-        # Slots cancelled mid-turn leave their agents unreleased; release them, bounded.
+        # Slots cancelled mid-turn leave their agents unreleased; release them, and wait for
+        # the session-finals still outstanding, bounded.
         if release_unfinished and pending:
             cut = {r.session_id: r for r in run.records if r.cancelled and r.kind == "turn"}
-            releases = [
-                run.session_final(r.agent, _plan_stub(r.session_id), "release")
-                for r in cut.values()
-            ]
-            if releases:
-                await asyncio.wait([asyncio.ensure_future(c) for c in releases], timeout=10.0)
+            for r in cut.values():
+                run.send_final(r.agent, _plan_stub(r.session_id), "release")
+        await run.settle_finals(FINAL_TIMEOUT_S)
         if reporter is not None:
             reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
