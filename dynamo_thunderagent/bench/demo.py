@@ -22,10 +22,11 @@ Sizing, warm start, agents and every figure are ``bench live``'s (``prepare_regi
 What it prints and writes
 -------------------------
 A table with one column per arm: steps/min over the steady window ``[--warmup, --window)``,
-prefix-cache hit rate, recomputed tokens, agent-run completion time (mean, p90, over the agents
-every arm finished inside its run: the same programs, since every arm replays the same seeded
-agents, warm starts included, each counted from the turn it joins at; each arm's own ``bench
-live`` mean over whole runs is shown too), turn latency p50/p99
+prefix-cache hit rate, recomputed tokens (their share of what turns could reuse, and the
+count), agent-run completion time (mean, p90, over the agents every arm finished inside its
+run: the same programs, since every arm replays the same seeded agents, warm starts
+included, each counted from the turn it joins at; each arm's own ``bench live`` mean over
+whole runs is shown too), turn latency p50/p99
 and the longest turn, admission waits (ours; a turn still waiting at the end is reported
 with its wait so far), programs paused, pauses, resumes and moves (ours), then each arm's
 ratios to the first.
@@ -271,7 +272,9 @@ def run_demo_config(config: DemoConfig, *, as_json: bool, out: TextIO = sys.stdo
             f"\nOne run per arm on this machine, same agents (seed {config.seed}), "
             f"{sweep.agents[0]} agents at {sweep.pressures[0]:.1f}x the KV capacity. Steps/min, "
             "hit rate and turn latency over the steady window; recomputed tokens: tokens cached "
-            "on a program's previous turn and prefilled again (whole KV blocks); agent-run "
+            "on a program's previous turn and prefilled again (whole KV blocks), and their "
+            "share of the tokens a turn could have reused (arms run different numbers of "
+            "turns, so the share compares, not the count); agent-run "
             "completion: first turn sent to last turn answered, over the same agents in every "
             "arm (those every arm finished: in a short window, mostly the agents the run "
             "starts with, which join their programs mid-way at the same turn in every arm, "

@@ -133,7 +133,11 @@ class Figure:
 FIGURES: tuple[Figure, ...] = (
     Figure("steps_per_min", "steps/min (steady window)", ".0f", "steps/min"),
     Figure("hit_rate", "prefix-cache hit rate (steady)", ".3f", "hit rate"),
-    Figure("recomputed_tokens", "recomputed tokens", ",.0f", "recomputed tokens"),
+    # The share, not the count, is what compares: an arm that ran more turns has more
+    # tokens it could have reused.
+    Figure("recomputed_fraction", "recomputed share of reusable tokens", ".3f",
+           "recomputed share"),
+    Figure("recomputed_tokens", "  recomputed tokens", ",.0f"),
     Figure("agent_run_paired_mean_s", "agent-run completion mean (s)", ".1f",
            "agent-run mean"),
     Figure("agent_run_paired_p90_s", "agent-run completion p90 (s)", ".1f", "agent-run p90"),

@@ -78,16 +78,20 @@ def _row(arm: str, **values: float | None) -> dict[str, object]:
 
 def test_table_prints_every_figure_per_arm_and_a_ratio_line() -> None:
     stock = _row("stock", steps_per_min=300.0, hit_rate=0.3, recomputed_tokens=1000,
+                 recomputed_fraction=0.5,
                  latency_p50_s=2.0, latency_p99_s=10.0, latency_max_s=17.5, turns_ok=100,
                  errors=0)  # fmt: skip
     ours = _row("ours", steps_per_min=450.0, hit_rate=0.9, recomputed_tokens=100,
+                recomputed_fraction=0.1,
                 latency_p50_s=1.0, latency_p99_s=15.0, turns_ok=150, errors=0,
                 admission_wait_p50_s=0.0, admission_wait_p99_s=9.0, admission_wait_max_s=12.0,
                 pauses=5, resumes=4, moves=1)  # fmt: skip
     text = render_table([stock, ours])
     for figure in FIGURES:
         assert figure.label in text
-    assert "ours / stock: steps/min 1.50x, hit rate 3.00x, recomputed tokens 0.10x" in text
+    # The recomputed share compares (0.20x); the count (0.10x) does not, over unequal turns.
+    assert "ours / stock: steps/min 1.50x, hit rate 3.00x, recomputed share 0.20x" in text
+    assert "recomputed tokens 0.10x" not in text
     assert "agent-run mean -" in text  # no agent ran whole: no ratio, not a zero
     waiting = next(line for line in text.splitlines() if "longest wait not admitted" in line)
     assert waiting.split()[-2:] == ["-", "none"]  # stock cannot measure it; ours had none
