@@ -37,7 +37,9 @@ _LOST_PREFIXES = ("Unavailable:", "DeadlineExceeded: TCP request to ")
 # An error a worker's own handler sent: Dynamo 1.6.1 passes it on as text, "Unavailable:
 # Backend<kind>: ...". Of those kinds, the ones named in _WORKER_LOST say that its engine
 # is gone; the others (an exception in its handler, a slow engine, a refusal) come from a
-# worker that is there and answers.
+# worker that is there and answers. (A worker on Dynamo's Python backend framework sends
+# an InvalidArgument as that class and other errors as "ValueError: Internal: ...", which
+# say nothing of a lost worker either: tests/e2e/fault_engine.py.)
 _BACKEND_ERROR = re.compile(r"\bBackend([A-Z][A-Za-z]*): ")
 _BACKEND_REFUSAL = "BackendInvalidArgument: "
 

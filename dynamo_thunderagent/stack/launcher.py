@@ -419,6 +419,21 @@ class LocalStack:
             f"a worker to register in namespace {namespace!r}"), deadline)
         return proc
 
+    def start_worker_command(self, name: str, argv: Sequence[str],
+                             timeout: float | None = None) -> StackProcess:
+        """Start a worker of the caller's own command in the stack's environment: an
+        engine other than the mocker, such as the fault suite's engine that fails on
+        request. It gets a system port of its own and must serve ``worker_endpoint``; it is
+        listed and stopped with the stack, after the other workers (their indices keep).
+        Returns once discovery lists its model card."""
+        self._check_running()
+        proc = self._spawn(name, "worker", argv, self._env, system_port=free_system_port())
+        index = len(self.workers) - 1
+        deadline = time.monotonic() + (timeout or self.config.startup_timeout_s)
+        self._wait_for(Readiness(lambda: index in self.worker_instances(),
+                                 f"worker {name} to register"), deadline)
+        return proc
+
     def assert_alive(self) -> None:
         """Raise StackError naming any process that has exited."""
         dead = [p for p in self.processes if not p.alive()]

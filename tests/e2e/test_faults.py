@@ -1,12 +1,14 @@
 """The fault suite: faults and hostile input against real Dynamo processes, nothing lost.
 
 Every case runs the real frontend, our router (the shipped extended policy, with a short
-tick) and mocker workers, does something a production deployment meets (a worker or the
+tick) and mocker workers (one adds a real worker whose engine fails on demand,
+``fault_engine.py``), does something a production deployment meets (a worker or the
 router killed mid-load, a worker hung, the router frozen past its discovery lease, clients
 leaving in a storm, requests the engine refuses, oversize prompts, a flood of session ids,
 malformed session headers, workers with data-parallel ranks, a worker replaced while agents
 run, a worker's model card made unreadable, a session-final with every request slot
-taken) and ends with the same checks (:func:`settles`):
+taken, an engine that refuses, fails or cuts short one request) and ends with the same
+checks (:func:`settles`):
 
 * every request the router took reached exactly one terminal state (its counters add up:
   completed + aborted + rejected + session-final + cancelled + orphaned + pass-through);
@@ -705,6 +707,74 @@ def test_engine_refusals_and_oversize_prompts_get_clear_errors_and_book_nothing(
             assert usage == baseline, "refused requests were booked as usage"
             assert set(programs(state)) == {"agent"}
         settles(stack, "engine refusals")
+
+
+# ---- an engine that refuses, fails or cuts one request ---------------------------------------
+def start_fault_worker(stack: Any) -> int:
+    """Add a worker whose engine fails requests on demand (``fault_engine.py``, a real Dynamo
+    worker); return its instance id."""
+    argv = [stack.config.python, str(Path(__file__).with_name("fault_engine.py")),
+            "--model-path", str(stack.model_path),
+            "--served-model-name", stack.config.model_name,
+            "--endpoint", stack.worker_endpoint,
+            "--blocks", str(stack.config.num_gpu_blocks),
+            "--block-size", str(stack.config.block_size)]
+    stack.start_worker_command("fault-worker", argv)
+    return int(stack.worker_instances()[len(stack.workers) - 1])
+
+
+def test_an_engine_s_refusal_failure_and_cut_stream_each_end_once_and_cost_no_worker(
+        tmp_path: Path) -> None:
+    # A mocker and a worker whose engine, asked by max_tokens, refuses a request
+    # (InvalidArgument), fails one (Unknown) or stops streaming midway. A refusal reaches
+    # the client as a 400 with the engine's reason; a failed request goes on on the other
+    # worker, and the worker that failed it is not put aside (it is there and answers); a
+    # cut stream goes on on the other worker, so the client sees one whole answer, or, with
+    # no other worker, ends in a 500 rather than a 200 that looks whole.
+    import openai
+    from fault_engine import CUT, FAIL, REFUSAL_TEXT, REFUSE
+
+    with start_stack(tmp_path, num_workers=1) as stack:
+        fault = start_fault_worker(stack)
+        wait_until_ready(stack, 2)
+        with sync_client(stack) as client:
+            def turn(session: str, k: int, max_tokens: int = 8) -> Any:
+                return chat(client, [{"role": "user", "content": turn_text(session, k)}],
+                            session=session, max_tokens=max_tokens)
+
+            on_fault: list[str] = []
+            for i in range(12):  # new programs go to the less busy worker: about every other
+                if serving_worker(turn(f"agent-{i}", 0)) == fault:
+                    on_fault.append(f"agent-{i}")
+                if len(on_fault) == 3:
+                    break
+            assert len(on_fault) == 3, f"fewer than 3 of 12 new programs on {fault}"
+            refused, failed, cut = on_fault
+
+            with pytest.raises(openai.BadRequestError) as refusal:
+                turn(refused, 1, REFUSE)
+            assert REFUSAL_TEXT in str(refusal.value) and str(fault) in str(refusal.value)
+            assert programs(get_state(stack))[refused]["worker"].startswith(f"{fault}/")
+
+            reply = turn(failed, 1, FAIL)
+            assert reply.choices[0].finish_reason == "length"
+            assert serving_worker(reply) != fault
+            state = get_state(stack)
+            assert state["unreachable_workers"] == [] and fault in state["live_workers"]
+            assert serving_worker(turn(refused, 1)) == fault  # still served there at once
+
+            reply = turn(cut, 1, CUT)
+            assert reply.choices[0].finish_reason == "length"
+            assert reply.usage is not None and reply.usage.completion_tokens == CUT
+
+            stack.end_process(stack.workers[0])  # the mocker: the fault worker is alone
+            wait_for_state(stack, lambda s: s["live_workers"] == [fault],
+                           "the router to see only the fault worker", 60)
+            with pytest.raises(openai.InternalServerError):
+                turn(refused, 2, CUT)
+        router_log = stack.router.log_path.read_text(errors="replace")
+        assert "StreamCut" in router_log
+        settles(stack, "an engine's refusal, failure and cut stream")
 
 
 # ---- a bounded flood of session ids -----------------------------------------------------------

@@ -1,0 +1,99 @@
+"""A Dynamo 1.6.1 worker whose engine fails on request, for the real-process fault suite.
+
+The mocker cannot be told to refuse a request, fail one with an error of its own or cut a
+stream short; a real engine does all three. This is a real Dynamo worker (the runtime's
+``dynamo.common.backend`` worker: discovery, model card, request and response planes) whose
+engine answers ordinary requests at once and fails the ones whose ``max_tokens`` asks it to:
+
+* ``REFUSE`` (91): raises ``InvalidArgument`` before any token (an engine refusing a request
+  it cannot serve, e.g. a grammar it does not support);
+* ``FAIL`` (92): raises ``Unknown`` before any token (an error of one request, not of the
+  engine: the worker stays healthy);
+* ``CUT`` (93): streams three tokens, then ends the stream without a finish reason (an
+  engine that lost the request midway).
+
+Run as ``python tests/e2e/fault_engine.py --model-path DIR --served-model-name NAME
+--endpoint ns.component.endpoint --blocks N --block-size B``, in a stack's environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from dynamo.common.backend.engine import EngineConfig, LLMEngine, LlmRegistration
+from dynamo.common.backend.run import run
+from dynamo.common.backend.worker import WorkerConfig
+from dynamo.llm.exceptions import InvalidArgument, Unknown
+
+REFUSE, FAIL, CUT = 91, 92, 93
+REFUSAL_TEXT = "fault engine: this request is refused on purpose"
+FAILURE_TEXT = "fault engine: this request failed on purpose"
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+class FaultEngine(LLMEngine):
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    @classmethod
+    async def from_args(cls, argv: list[str] | None = None) -> tuple[FaultEngine, WorkerConfig]:
+        parser = argparse.ArgumentParser(description=__doc__)
+        parser.add_argument("--model-path", required=True)
+        parser.add_argument("--served-model-name", required=True)
+        parser.add_argument("--endpoint", required=True, help="ns.component.endpoint")
+        parser.add_argument("--blocks", type=int, required=True)
+        parser.add_argument("--block-size", type=int, required=True)
+        args = parser.parse_args(argv)
+        namespace, component, endpoint = args.endpoint.split(".")
+        config = WorkerConfig(
+            namespace=namespace, component=component, endpoint=endpoint,
+            model_name=args.model_path, served_model_name=args.served_model_name,
+            endpoint_types="chat,completions", discovery_backend="file",
+        )  # fmt: skip
+        return cls(args), config
+
+    async def start(self, worker_id: int) -> EngineConfig:
+        del worker_id
+        return EngineConfig(
+            model=self.args.model_path,
+            served_model_name=self.args.served_model_name,
+            llm=LlmRegistration(
+                context_length=self.args.blocks * self.args.block_size,
+                kv_cache_block_size=self.args.block_size,
+                total_kv_blocks=self.args.blocks,
+                max_num_seqs=64,
+            ),
+        )
+
+    async def generate(self, request: Any, context: Any) -> AsyncGenerator[Any, None]:
+        prompt = len(request.get("token_ids") or [])
+        wanted = int((request.get("stop_conditions") or {}).get("max_tokens") or 16)
+        if wanted == REFUSE:
+            raise InvalidArgument(REFUSAL_TEXT)
+        if wanted == FAIL:
+            raise Unknown(FAILURE_TEXT)
+        if wanted == CUT:
+            for token in (11, 12, 13):
+                await asyncio.sleep(0.01)
+                yield {"token_ids": [token], "index": 0}
+            return  # no finish reason: the stream just stops
+        for k in range(wanted):
+            await asyncio.sleep(0.001)
+            chunk: dict[str, Any] = {"token_ids": [100 + k % 50], "index": 0}
+            if k == wanted - 1:
+                chunk.update(finish_reason="length", completion_usage=_usage(prompt, wanted))
+            yield chunk
+
+    async def cleanup(self) -> None:
+        return None
+
+
+if __name__ == "__main__":
+    run(FaultEngine)
