@@ -409,6 +409,9 @@ def markdown(rows: list[dict[str, Any]], runs: list[ClientRun]) -> str:
             f"{_fmt(row.get('itl_p50_ms'), '.2f')} / {_fmt(row.get('itl_p99_ms'), '.2f')} | "
             f"{_fmt(row.get('hit_rate'), '.3f')} | {cpu} | {row['errors']} | "
             f"{row['failed_runs']} |")
+    if any(row["failed_runs"] for row in rows):
+        lines += ["", "A run failed: the ratios to stock cover only the repeats both arms ran, "
+                  "so they can differ from the ratio of the means shown."]
     ours = [r for r in runs if r.router is not None]
     if ours:
         lines += ["", "Our router after each run (programs retained, tracked requests, pauses "

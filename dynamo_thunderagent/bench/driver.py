@@ -7,7 +7,9 @@ append the tool output, repeat; after the last turn it sends one minimal request
 is replaced by the next plan of the stream at once, so N agents are always in flight: the
 session-final is bookkeeping and nobody waits for its answer, which ours and the Python port
 give in the router while stock and the builtin queue the request on a worker (a slot that
-waited for it would idle longer under those arms, a bias in ours' favour).
+waited for it would idle longer under those arms, a bias in ours' favour); the run collects
+the answers at its end. So the next agent's first turn may reach the router before the last
+one's final does: for milliseconds the router still counts the finished program.
 
 Contract of a run (:func:`run_closed_loop`):
 
@@ -15,8 +17,9 @@ Contract of a run (:func:`run_closed_loop`):
   finish until ``start + window_s + drain_s``; what is still running then is cancelled and
   recorded as ``cancelled`` (not an error: the driver gave up, the server did not fail).
 * Every request has a client timeout (``request_timeout_s``) and the SDK never retries, so
-  the run ends by ``window_s + drain_s`` plus one release timeout at most, whatever the server
-  does (session-finals and releases still unanswered then are cancelled).
+  the run ends by ``window_s + drain_s`` plus about 20 s at most (5 s for cancelled slots to
+  unwind, 5 s for background loops, ``FINAL_TIMEOUT_S`` for the session-finals and
+  releases still outstanding, which are then cancelled), whatever the server does.
 * Prompts are made of whole words that the tokenizer maps to exactly one token each, so the
   prompt of turn ``k`` has the planned number of tokens (the chat template's own tokens are
   measured once per run and subtracted). The content of every message is a pure function of
@@ -189,6 +192,16 @@ class _Run:
         self.finals.add(task)
         task.add_done_callback(self.finals.discard)
 
+    def release_open_sessions(self) -> None:
+        """Send a release for every session that sent turns and neither a session-final
+        nor a release: the agents (and subagents, under their parent) of slots the run
+        cancelled, a parent waiting on its subagents included."""
+        ended = {r.session_id for r in self.records if r.kind != "turn"}
+        open_sessions = {r.session_id: r for r in self.records
+                         if r.kind == "turn" and r.session_id not in ended}
+        for r in open_sessions.values():
+            self.send_final(r.agent, _plan_stub(r.session_id), "release", r.parent_session_id)
+
     async def settle_finals(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for the session-finals still outstanding; cancel the rest
         (their records say ``cancelled``)."""
@@ -348,12 +361,10 @@ async def run_closed_loop(
             await asyncio.wait(others, timeout=5.0)
         if pending:
             await asyncio.wait(pending, timeout=5.0)
-        # Slots cancelled mid-turn leave their agents unreleased; release them, and wait for
-        # the session-finals still outstanding, bounded.
-        if release_unfinished and pending:
-            cut = {r.session_id: r for r in run.records if r.cancelled and r.kind == "turn"}
-            for r in cut.values():
-                run.send_final(r.agent, _plan_stub(r.session_id), "release")
+        # Slots cancelled mid-turn (or mid-fan-out) leave their agents unreleased; release
+        # them, and wait for the session-finals still outstanding, bounded.
+        if release_unfinished:
+            run.release_open_sessions()
         await run.settle_finals(FINAL_TIMEOUT_S)
         if reporter is not None:
             reporter.cancel()

@@ -90,9 +90,9 @@ class ArmMetrics:
     agent_runs: int = 0
     agent_run_mean_s: float | None = None
     agent_run_p90_s: float | None = None
-    # A rollout (one batch run to its end): when its last agent run ended (its session-final
-    # answered or given up), from the run's start; None when any run of the batch did not
-    # finish its turns, and outside rollouts.
+    # A rollout (one batch run to its end): when its last agent run ended (its last turn
+    # answered), from the run's start; None when any run of the batch did not finish its
+    # turns, and outside rollouts.
     makespan_s: float | None = None
 
     @property

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -55,7 +56,8 @@ class FaultEngine(LLMEngine):
         config = WorkerConfig(
             namespace=namespace, component=component, endpoint=endpoint,
             model_name=args.model_path, served_model_name=args.served_model_name,
-            endpoint_types="chat,completions", discovery_backend="file",
+            endpoint_types="chat,completions",
+            discovery_backend=os.environ.get("DYN_DISCOVERY_BACKEND", "file"),
         )  # fmt: skip
         return cls(args), config
 

@@ -756,9 +756,13 @@ def test_an_engine_s_refusal_failure_and_cut_stream_each_end_once_and_cost_no_wo
             assert REFUSAL_TEXT in str(refusal.value) and str(fault) in str(refusal.value)
             assert programs(get_state(stack))[refused]["worker"].startswith(f"{fault}/")
 
-            reply = turn(failed, 1, FAIL)
+            def failovers() -> int:
+                return int(get_state(stack)["router"]["failovers"])
+
+            before = failovers()
+            reply = turn(failed, 1, FAIL)  # its program is on the fault worker until now
             assert reply.choices[0].finish_reason == "length"
-            assert serving_worker(reply) != fault
+            assert serving_worker(reply) != fault and failovers() == before + 1
             state = get_state(stack)
             assert state["unreachable_workers"] == [] and fault in state["live_workers"]
             assert serving_worker(turn(refused, 1)) == fault  # still served there at once
@@ -766,14 +770,19 @@ def test_an_engine_s_refusal_failure_and_cut_stream_each_end_once_and_cost_no_wo
             reply = turn(cut, 1, CUT)
             assert reply.choices[0].finish_reason == "length"
             assert reply.usage is not None and reply.usage.completion_tokens == CUT
+            assert serving_worker(reply) != fault and failovers() == before + 2
+            state = get_state(stack)
+            assert state["unreachable_workers"] == [] and fault in state["live_workers"]
+            assert serving_worker(turn(refused, 2)) == fault
 
             stack.end_process(stack.workers[0])  # the mocker: the fault worker is alone
             wait_for_state(stack, lambda s: s["live_workers"] == [fault],
                            "the router to see only the fault worker", 60)
             with pytest.raises(openai.InternalServerError):
-                turn(refused, 2, CUT)
-        router_log = stack.router.log_path.read_text(errors="replace")
-        assert "StreamCut" in router_log
+                turn(refused, 3, CUT)
+        failed_lines = [line for line in stack.router.log_path.read_text(
+            errors="replace").splitlines() if "request.failed" in line]
+        assert any("StreamCut" in line for line in failed_lines), failed_lines
         settles(stack, "an engine's refusal, failure and cut stream")
 
 

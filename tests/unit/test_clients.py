@@ -68,6 +68,7 @@ def test_a_repeat_that_failed_in_stock_leaves_the_ratio_to_the_repeats_both_ran(
     assert rows["ours"]["rps_vs_stock"] == pytest.approx(1.2)
     assert rows["ours"]["ttft_p99_vs_stock"] == pytest.approx(1.5)
     assert rows["stock"]["failed_runs"] == 1 and rows["stock"]["rps_vs_stock"] == 1.0
+    assert "cover only the repeats both arms ran" in markdown(summarize(runs), runs)
 
 
 def test_cpu_per_request_is_each_role_over_the_requests_it_completed() -> None:

@@ -63,3 +63,40 @@ def test_finals_still_unanswered_when_the_run_settles_are_cancelled_not_left_run
     run = asyncio.run(main())
     final = next(r for r in run.records if r.kind == "final")
     assert final.cancelled and final.end > 0 and not run.finals
+
+
+def test_at_the_end_every_session_with_turns_and_no_final_gets_a_release() -> None:
+    from dynamo_thunderagent.bench.records import TurnRecord
+    from dynamo_thunderagent.dynamo.translate import PARENT_HEADER, SESSION_HEADER
+
+    class _Calls(_SlowFinals):
+        def __init__(self) -> None:
+            super().__init__(0.0)
+            self.headers: list[dict[str, str]] = []
+
+        async def create(self, **kwargs: Any) -> Any:
+            self.headers.append(kwargs["extra_headers"])
+            return await super().create(**kwargs)
+
+    calls = _Calls()
+
+    async def main() -> None:
+        client = SimpleNamespace(chat=SimpleNamespace(completions=calls))
+        run = _Run(client, "m", iter(()), PromptText(), TemplateOverhead(), window_s=1.0,
+                   drain_s=0.0, request_timeout_s=5.0, job="job", release_unfinished=True)
+        run.records += [
+            TurnRecord("turn", 0, "done", 0, 0.0, 1.0, 8, 2),
+            TurnRecord("final", 0, "done", 1, 1.0, 1.1, 0, 1),
+            # A parent waiting on its subagents when its slot was cancelled: its own turn
+            # ended, the subagent's was cut off.
+            TurnRecord("turn", 1, "parent", 0, 0.0, 1.0, 8, 2),
+            TurnRecord("turn", 1, "parent-sub0", 0, 1.0, 2.0, 8, 2,
+                       parent_session_id="parent", cancelled=True),
+        ]
+        run.release_open_sessions()
+        await run.settle_finals(5.0)
+
+    asyncio.run(main())
+    assert {h[SESSION_HEADER]: h.get(PARENT_HEADER) for h in calls.headers} == {
+        "parent": None, "parent-sub0": "parent"}
+    assert all(h[FINAL_HEADER] == "true" for h in calls.headers)
