@@ -24,7 +24,7 @@ because its dependencies (transformers, pandas, ...) are not the Dynamo processe
 
 Each run also reports the CPU time each role of the stack spent on its requests (frontend,
 router, workers), read from ``/proc`` around the aiperf run: the router's hop, priced.
-(About 540 lines: the workloads, the run, the summary and its table are one command; the
+(About 560 lines: the workloads, the run, the summary and its table are one command; the
 agentic-code workload's own parts are in ``bench/agentic_code.py``.)
 """
 

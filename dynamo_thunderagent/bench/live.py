@@ -91,8 +91,8 @@ Definitions of the figures (per run; see ``bench/metrics.py``)
   the router, stock and the builtin queue it on a worker), over the ``agent_runs`` agents
   that ran whole inside the run (warm-started agents, which began mid-program, are left
   out: their records say ``joined``).
-* ``makespan_s`` (``--rollout``): when the batch's last agent run ended (its session-final
-  answered or given up), from the run's start; None when any run of the batch did not finish
+* ``makespan_s`` (``--rollout``): when the batch's last agent run ended (its last turn
+  answered), from the run's start; None when any run of the batch did not finish
   its turns (the cap cut it, or a turn failed).
 * ``recomputed_tokens``: tokens a program had cached on its previous turn and prefilled again
   (whole KV blocks), over the whole run.

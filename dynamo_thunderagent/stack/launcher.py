@@ -15,7 +15,7 @@ everything. What it delegates:
 
 Each process runs in its own process group; ``stop()`` signals exactly those groups.
 
-(This module is about 530 lines because :class:`LocalStack` is the one object the demo, the
+(This module is about 550 lines because :class:`LocalStack` is the one object the demo, the
 benchmarks and the end-to-end tests drive: its public surface, the addresses, ``start``,
 ``stop``, the restarts, the extra processes that build misconfigurations (a worker in the
 router's namespace, a second router) and the views of discovery, is the stack's API, and
@@ -32,7 +32,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -408,16 +408,12 @@ class LocalStack:
         in ``processes`` (stopped with the stack) after the others, so their indices keep;
         this returns once discovery lists its model card.
         """
-        self._check_running()
         endpoint = f"{namespace}.{WORKER_COMPONENT}.{WORKER_ENDPOINT_NAME}"
-        proc = self._spawn(f"worker-{len(self.workers)}-{namespace}", "worker",
-                           self._mocker_argv(endpoint), self._env,
-                           system_port=free_system_port())
-        deadline = time.monotonic() + (timeout or self.config.startup_timeout_s)
-        self._wait_for(Readiness(
-            lambda: bool(worker_instances(self.model_cards(), namespace, {proc.system_port: 0})),
-            f"a worker to register in namespace {namespace!r}"), deadline)
-        return proc
+        return self._add_worker(
+            f"worker-{len(self.workers)}-{namespace}", self._mocker_argv(endpoint),
+            lambda proc: bool(worker_instances(self.model_cards(), namespace,
+                                               {proc.system_port: 0})),
+            f"a worker to register in namespace {namespace!r}", timeout)
 
     def start_worker_command(self, name: str, argv: Sequence[str],
                              timeout: float | None = None) -> StackProcess:
@@ -426,12 +422,19 @@ class LocalStack:
         request. It gets a system port of its own and must serve ``worker_endpoint``; it is
         listed and stopped with the stack, after the other workers (their indices keep).
         Returns once discovery lists its model card."""
+        index = len(self.workers)
+        return self._add_worker(name, argv, lambda _: index in self.worker_instances(),
+                                f"worker {name} to register", timeout)
+
+    def _add_worker(self, name: str, argv: Sequence[str],
+                    registered: Callable[[StackProcess], bool], what: str,
+                    timeout: float | None) -> StackProcess:
+        """Start one more worker process (system port of its own, listed after the others)
+        and wait until ``registered(process)`` says discovery lists it."""
         self._check_running()
         proc = self._spawn(name, "worker", argv, self._env, system_port=free_system_port())
-        index = len(self.workers) - 1
         deadline = time.monotonic() + (timeout or self.config.startup_timeout_s)
-        self._wait_for(Readiness(lambda: index in self.worker_instances(),
-                                 f"worker {name} to register"), deadline)
+        self._wait_for(Readiness(lambda: registered(proc), what), deadline)
         return proc
 
     def assert_alive(self) -> None:
