@@ -115,14 +115,14 @@ class LifecycleNotifier:
             self.seq += 1
             event = LifecycleEvent(event.event, event.session_id, event.worker_id,
                                    event.dp_rank, event.at, event.reason, self.seq)
-            self.published[event.event] += 1
             worker = (None if event.worker_id is None
                       else str(WorkerKey(event.worker_id, event.dp_rank or 0)))
             self.recent.append({"at": at, "decision": event.event,
                                 "session_id": event.session_id, "worker": worker,
                                 "reason": event.reason})
-            if self.publisher is not None:
+            if self.publisher is not None:  # without --events-port nothing goes out
                 self.publisher.publish(event)
+                self.published[event.event] += 1
 
     def state(self) -> dict[str, Any]:
         """The ``lifecycle`` part of the router's /state."""

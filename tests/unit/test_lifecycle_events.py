@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import cast
 
 import pytest
 
@@ -46,15 +47,43 @@ def test_an_event_survives_its_json_and_bad_messages_say_why() -> None:
         LifecycleEvent.from_json(b"{")
 
 
+class _Sent:
+    """Stands in for an EventPublisher: keeps what it was given."""
+
+    url = "tcp://127.0.0.1:1"
+    dropped = 0
+
+    def __init__(self) -> None:
+        self.events: list[LifecycleEvent] = []
+
+    def publish(self, event: LifecycleEvent) -> None:
+        self.events.append(event)
+
+
 def test_notifier_numbers_events_and_keeps_recent_decisions() -> None:
-    notifier = LifecycleNotifier(lambda s: W0, recent=3, clock=lambda: 9.0)
+    sent = _Sent()
+    notifier = LifecycleNotifier(lambda s: W0, cast(EventPublisher, sent), recent=3,
+                                 clock=lambda: 9.0)
     notifier(Decisions(paused=["a", "b"], marked=["c"]))
     notifier(Decisions(resumed=[("a", W1)]))
     state = notifier.state()
     assert state["published"] == {"paused": 2, "resuming": 1, "ended": 0, "expired": 0}
+    assert [(e.event, e.seq) for e in sent.events] == [
+        ("paused", 1), ("paused", 2), ("resuming", 3)]
     assert [r["decision"] for r in state["recent_decisions"]] == ["paused", "paused", "resuming"]
     assert state["recent_decisions"][-1]["worker"] == "8/1"
     assert notifier.seq == 3
+
+
+def test_without_an_events_port_nothing_counts_as_published() -> None:
+    # /state's lifecycle.published and lifecycle_events_total count what went out on
+    # --events-port; without one the decisions are still kept for `top`.
+    notifier = LifecycleNotifier(lambda s: W0, clock=lambda: 9.0)
+    notifier(Decisions(paused=["a", "b"], resumed=[("c", W1)]))
+    state = notifier.state()
+    assert state["published"] == {"paused": 0, "resuming": 0, "ended": 0, "expired": 0}
+    assert state["events_url"] is None and state["dropped"] == 0
+    assert [r["decision"] for r in state["recent_decisions"]] == ["paused", "paused", "resuming"]
 
 
 def test_a_subscriber_receives_what_the_router_publishes() -> None:
