@@ -66,7 +66,8 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("program_pauses_total", "counter", ("reason",),
      "Programs paused, by reason: pressure, tool_boundary, no_room, idle, aging."),
     ("program_resumes_total", "counter", ("reason",),
-     "Programs resumed: reason room (planned), resume_timeout (forced)."),
+     "Programs resumed: reason room (planned), evicting (run without room where holding "
+     "back keeps no cache), resume_timeout (forced)."),
     ("program_moves_total", "counter", ("reason",),
      "Programs whose worker/rank changed: resume, served_elsewhere, placed, empty_rank."),
     ("program_expiries_total", "counter", ("reason",),
