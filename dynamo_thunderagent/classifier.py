@@ -170,10 +170,13 @@ class RequestClassifier(ABC):
 
     def sessionless_started(self, request_id: str, worker: WorkerKey, tokens: int) -> None:
         """A request without a session id (passed through) runs on ``worker`` with
-        ``tokens`` prompt tokens."""
+        ``tokens`` prompt tokens. Unlike ``on_event``'s events, these two come in order:
+        the router calls ``sessionless_ended`` after the request's ``sessionless_started``,
+        once for each (a move to another worker ends it on the old one, then starts it on
+        the new)."""
 
     def sessionless_ended(self, request_id: str) -> None:
-        """That request ended, whichever way."""
+        """That request ended, whichever way (an end with no start before it is ignored)."""
 
     def reconcile(self) -> list[str]:
         """Answer the admission waits that the classifier's own decisions left unanswered
