@@ -103,6 +103,19 @@ PARAMETER_SETS = [
     # ... as far as the engine loses programs' caches there (the extended policy's way).
     dict(buffer_per_program=10, sessionless_kv="reserve", sessionless_kv_full_loss=0.1,
          resume_on_events=True, resume_affinity=True, hold_max_cache_loss=0.5),
+    # The upstream proxy's pause rule, kept for comparison.
+    dict(buffer_per_program=10, pause_rule="upstream", shared_prefix_accounting=True),
+    # A program sharing its rank leaves for an empty one; a shared prompt's window cut short.
+    dict(buffer_per_program=10, leave_for_empty_rank=True, resume_on_events=True,
+         shared_prefix_accounting=True, shared_prefix_max_blocks=2),
+    # A host tier behind each rank, and pauses only where paused programs lose their cache.
+    dict(buffer_per_program=10, host_kv_blocks=20, pause_min_recompute_ratio=0.0,
+         pause_min_resume_loss=0.3, hold_max_cache_loss=0.5, resume_on_events=True,
+         resume_affinity=True),
+    # Tool time as information: pause first those expected back latest.
+    dict(buffer_per_program=20, pause_order="expected_return", idle_horizon_factor=2.0,
+         idle_horizon_min_seconds=0.0, acting_hold_factor=0.5, pause_min_recompute_ratio=0.0,
+         shared_prefix_accounting=True, acting_token_weight=0.6),
 ]
 PREFIX_BLOCK_TOKENS = 8
 
