@@ -80,12 +80,15 @@ class EventPublisher:
             raise OSError(f"cannot bind {self.url}: {error}") from None
         self.dropped = 0
 
-    def publish(self, event: LifecycleEvent) -> None:
+    def publish(self, event: LifecycleEvent) -> bool:
+        """Send ``event``; False where it was dropped (the send queue is full)."""
         try:
             self._socket.send_multipart([topic(event.event), event.to_json()],
                                         flags=self._zmq.NOBLOCK)
         except self._zmq.Again:
             self.dropped += 1
+            return False
+        return True
 
     def close(self) -> None:
         self._socket.close()
@@ -120,8 +123,8 @@ class LifecycleNotifier:
             self.recent.append({"at": at, "decision": event.event,
                                 "session_id": event.session_id, "worker": worker,
                                 "reason": event.reason})
-            if self.publisher is not None:  # without --events-port nothing goes out
-                self.publisher.publish(event)
+            # Counted as published once sent: not without --events-port, nor where dropped.
+            if self.publisher is not None and self.publisher.publish(event):
                 self.published[event.event] += 1
 
     def state(self) -> dict[str, Any]:

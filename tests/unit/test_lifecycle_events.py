@@ -48,16 +48,21 @@ def test_an_event_survives_its_json_and_bad_messages_say_why() -> None:
 
 
 class _Sent:
-    """Stands in for an EventPublisher: keeps what it was given."""
+    """Stands in for an EventPublisher: keeps what it was given, or drops it while full."""
 
     url = "tcp://127.0.0.1:1"
-    dropped = 0
 
     def __init__(self) -> None:
         self.events: list[LifecycleEvent] = []
+        self.full = False
+        self.dropped = 0
 
-    def publish(self, event: LifecycleEvent) -> None:
+    def publish(self, event: LifecycleEvent) -> bool:
+        if self.full:
+            self.dropped += 1
+            return False
         self.events.append(event)
+        return True
 
 
 def test_notifier_numbers_events_and_keeps_recent_decisions() -> None:
@@ -73,6 +78,18 @@ def test_notifier_numbers_events_and_keeps_recent_decisions() -> None:
     assert [r["decision"] for r in state["recent_decisions"]] == ["paused", "paused", "resuming"]
     assert state["recent_decisions"][-1]["worker"] == "8/1"
     assert notifier.seq == 3
+
+
+def test_an_event_dropped_on_a_full_queue_is_not_counted_as_published() -> None:
+    sent = _Sent()
+    notifier = LifecycleNotifier(lambda s: W0, cast(EventPublisher, sent))
+    notifier(Decisions(paused=["a"]))
+    sent.full = True
+    notifier(Decisions(paused=["b"], resumed=[("a", W1)]))
+    state = notifier.state()
+    assert state["published"] == {"paused": 1, "resuming": 0, "ended": 0, "expired": 0}
+    assert state["dropped"] == 2
+    assert len(state["recent_decisions"]) == 3
 
 
 def test_without_an_events_port_nothing_counts_as_published() -> None:
