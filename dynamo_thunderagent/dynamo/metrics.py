@@ -104,7 +104,7 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("worker_capacity_tokens", "gauge", ("worker_id", "dp_rank"),
      "KV capacity of a live worker/rank from its model card, in tokens."),
     ("worker_programs", "gauge", ("worker_id", "dp_rank"),
-     "Programs assigned to a worker/rank."),
+     "Active programs on a worker/rank (paused ones not counted)."),
     ("worker_cache_loss_ratio", "gauge", ("worker_id", "dp_rank"),
      "Recent share of the prefix tokens continuing turns expected cached on a worker/rank "
      "that the engine no longer had (0: it evicts nothing our usage counts)."),
