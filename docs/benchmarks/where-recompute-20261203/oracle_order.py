@@ -1,13 +1,14 @@
-"""An upper bound on the order of resumes: resume first the paused programs whose cache
-the engine still holds.
+"""What the order of resumes can buy: resume first the paused programs whose cache the
+engine still holds, read off the simulated engine.
 
 The scheduler does not read the engine's cache (the router could ask Dynamo's KV router
 for each waiting turn's overlap, at a query a turn); the simulator knows it exactly. This
 script replaces the resume planner's order (``ResumePlanner.order``) inside each of its
 classes (a waiting turn, a program that never ran, a paused tool-caller; aged turns stay
 oldest first) by what an oracle reads off the simulated engine: the share of the program's
-tokens still resident on its last worker. If even that order buys little, no estimate of
-it (the most recently active first, section "Where the lost hit rate goes") can buy more.
+tokens still resident on its last worker (its own blocks; the shared system prompt's are
+left out). If even these orders buy little, an estimate of them (the most recently active
+first, section "Where the lost hit rate goes") is unlikely to buy more.
 
 Modes:
 * ``base``: the shipped order (smallest first);
@@ -68,6 +69,8 @@ def _oracle_order(self: resume.ResumePlanner, program: Program,
 
 def main() -> None:
     global _mode
+    if len(sys.argv) < 5:
+        raise SystemExit(f"usage: {sys.argv[0]} MODE WORKLOAD AGENTS ARM [bench sim options]")
     _mode, workload, agents, arm, *rest = sys.argv[1:]
     if _mode not in MODES:
         raise SystemExit(f"mode must be one of {', '.join(MODES)}, not {_mode!r}")
