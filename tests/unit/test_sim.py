@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from dataclasses import replace
@@ -21,6 +22,7 @@ from dynamo_thunderagent.bench.sim.arms import (
     build_arm,
     potential_loads,
 )
+from dynamo_thunderagent.bench.sim.command import add_arguments, run_case, spec_from_args
 from dynamo_thunderagent.bench.sim.engine import (
     Cluster,
     EngineConfig,
@@ -304,6 +306,17 @@ def test_bench_sim_prints_json_with_figures_per_arm(capsys: pytest.CaptureFixtur
     data = json.loads(capsys.readouterr().out)
     assert [r["arm"] for r in data["results"]] == ["ours", "stock"]
     assert all("steps_per_min" in r and "hit_rate" in r for r in data["results"])
+
+
+def test_one_case_runs_as_the_sweep_runs_it_and_names_more_than_one() -> None:
+    flags = ["--regime", "cheap-recompute", "--agents", "3", "--window-s", "20",
+             "--warmup-s", "5"]
+    figures = run_case([*flags, "--arms", "ours"])
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert figures == run_sweep(spec_from_args(parser.parse_args([*flags, "--arms", "ours"])))[0]
+    with pytest.raises(ValueError, match="one arm at one --agents value, not arms ours,stock"):
+        run_case([*flags, "--arms", "ours,stock"])
 
 
 def test_bench_sim_prints_a_markdown_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,11 +25,10 @@ ours, upstream and stock.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import Counter
 
-from dynamo_thunderagent.bench.sim import command, run
+from dynamo_thunderagent.bench.sim import command
 from dynamo_thunderagent.bench.sim import simulation as sim
 
 WAITED_S = 0.5
@@ -68,12 +67,8 @@ def main() -> None:
     workload, agents, arm, *rest = sys.argv[1:]
     sim.Simulation.dispatch = _grouping_dispatch  # type: ignore[method-assign]
     sim.Simulation._result = _counting_result  # type: ignore[method-assign]
-    parser = argparse.ArgumentParser()
-    command.add_arguments(parser)
-    args = parser.parse_args(["--workload", workload, "--agents", agents, "--arms", arm,
-                              "--no-reuse-output", *rest])
-    spec = command.spec_from_args(args)
-    figures = run.run_one(spec.scenario, arm, int(agents), spec.seed, spec.policy, spec.ttl_s)
+    figures = command.run_case(["--workload", workload, "--agents", agents, "--arms", arm,
+                                "--no-reuse-output", *rest])
     total = sum(recomputed.values()) or 1
     print(f"{workload}, {agents} agents, {arm} {' '.join(rest)}".rstrip()
           + f": {figures.steps_per_min:.1f} steps/min, hit rate {figures.hit_rate:.3f}, "

@@ -26,12 +26,11 @@ agents (30), seeds 1 and 2 (oracle-order.sh).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
 
 from dynamo_thunderagent import resume
-from dynamo_thunderagent.bench.sim import command, run
+from dynamo_thunderagent.bench.sim import command
 from dynamo_thunderagent.bench.sim import simulation as sim
 from dynamo_thunderagent.program import Program
 
@@ -77,12 +76,8 @@ def main() -> None:
     sim.Simulation.__init__ = _remembering_init  # type: ignore[method-assign]
     if _mode != "base":
         resume.ResumePlanner.order = _oracle_order  # type: ignore[method-assign,assignment]
-    parser = argparse.ArgumentParser()
-    command.add_arguments(parser)
-    args = parser.parse_args(["--workload", workload, "--agents", agents, "--arms", arm,
-                              "--no-reuse-output", *rest])
-    spec = command.spec_from_args(args)
-    figures = run.run_one(spec.scenario, arm, int(agents), spec.seed, spec.policy, spec.ttl_s)
+    figures = command.run_case(["--workload", workload, "--agents", agents, "--arms", arm,
+                                "--no-reuse-output", *rest])
     print(f"{_mode:<13} {workload} {agents} {' '.join(rest)}: "
           f"{figures.steps_per_min:.1f} steps/min, hit rate {figures.hit_rate:.3f}, "
           f"{figures.recomputed_tokens:,} recomputed tokens", flush=True)

@@ -26,12 +26,13 @@ from dynamo_thunderagent.bench.sim.run import (
     SweepSpec,
     markdown,
     regime_scenario,
+    run_one,
     run_sweep,
     sweep_agents,
     to_json,
     tool_time_p90,
 )
-from dynamo_thunderagent.bench.sim.simulation import check_background_fits
+from dynamo_thunderagent.bench.sim.simulation import SimFigures, check_background_fits
 from dynamo_thunderagent.bench.trace import DEFAULT_TRACE
 from dynamo_thunderagent.bench.workload import Background
 from dynamo_thunderagent.catalog import PluginError
@@ -154,6 +155,20 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     return SweepSpec(scenario=scenario, arms=tuple(parse_arms(args.arms)),
                      agents=tuple(agents), seed=args.seed, policy=args.policy, ttl_s=ttl,
                      jobs=args.jobs if args.jobs > 0 else (os.cpu_count() or 1))
+
+
+def run_case(argv: Sequence[str]) -> SimFigures:
+    """One case of ``bench sim`` run in this process: ``argv`` is its flags, naming one arm
+    and one ``--agents`` value. For the scripts beside docs/benchmarks.md that patch the
+    simulator or the scheduler before a run; raises ValueError as :func:`spec_from_args`."""
+    parser = argparse.ArgumentParser(prog="bench sim (one case)")
+    add_arguments(parser)
+    spec = spec_from_args(parser.parse_args(argv))
+    if len(spec.arms) != 1 or len(spec.agents) != 1:
+        raise ValueError(f"one case is one arm at one --agents value, not arms "
+                         f"{','.join(spec.arms)} at {','.join(map(str, spec.agents))}")
+    return run_one(spec.scenario, spec.arms[0], spec.agents[0], spec.seed, spec.policy,
+                   spec.ttl_s)
 
 
 def run_sim_cli(args: argparse.Namespace) -> int:

@@ -15,11 +15,10 @@ resume-below-target.yaml.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import Counter
 
-from dynamo_thunderagent.bench.sim import command, run
+from dynamo_thunderagent.bench.sim import command
 from dynamo_thunderagent.bench.sim.arms import ProgramArm
 from dynamo_thunderagent.decisions import Decisions, EventKind
 
@@ -40,12 +39,9 @@ def main() -> None:
     workload, agents = sys.argv[1], sys.argv[2]
     policy = sys.argv[3:4]
     ProgramArm._apply = _counting_apply  # type: ignore[method-assign]
-    parser = argparse.ArgumentParser()
-    command.add_arguments(parser)
-    args = parser.parse_args(["--workload", workload, "--agents", agents, "--arms", "ours",
-                              "--no-reuse-output"] + (["--policy", policy[0]] if policy else []))
-    spec = command.spec_from_args(args)
-    figures = run.run_one(spec.scenario, "ours", int(agents), spec.seed, spec.policy, spec.ttl_s)
+    figures = command.run_case(["--workload", workload, "--agents", agents, "--arms", "ours",
+                                "--no-reuse-output"]
+                               + (["--policy", policy[0]] if policy else []))
     print(f"{workload}, {agents} agents: {figures.steps_per_min:.1f} steps/min, hit rate "
           f"{figures.hit_rate:.3f}, {figures.recomputed_tokens:,} recomputed tokens, "
           f"{figures.forced_resumes} forced releases")
