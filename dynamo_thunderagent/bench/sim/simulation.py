@@ -37,7 +37,7 @@ Other tenants' traffic (``RunConfig.background``, ``bench sim --background``; th
 driver's ``Background``): ``concurrency`` loops send requests without a session id, each of
 unique prompt tokens that nothing can hit, back to back (no client overhead) from the start
 until the window closes. The arm routes them as stock KV routing does
-(:meth:`~.arms.Arm.submit_sessionless`) and hears when each starts producing tokens and when
+(:meth:`~.contract.Arm.submit_sessionless`) and hears when each starts producing tokens and when
 it ends, as the live router does. They are not turns: ``SimFigures.background`` counts those
 that finished inside the window and their median latency (sent -> last token); the live
 driver counts those of the whole run, warm-up included.
@@ -60,7 +60,7 @@ from typing import Any
 
 from dynamo_thunderagent.bench.metrics import cache_figures, latency_percentiles
 from dynamo_thunderagent.bench.records import TurnRecord
-from dynamo_thunderagent.bench.sim.arms import Arm
+from dynamo_thunderagent.bench.sim.contract import Arm
 from dynamo_thunderagent.bench.sim.engine import (
     Cluster,
     EngineConfig,
@@ -178,7 +178,7 @@ class _Agent:
 
 
 class Simulation:
-    """Runs one arm against the simulated cluster (an :class:`~.arms.ArmHost`)."""
+    """Runs one arm against the simulated cluster (an :class:`~.contract.ArmHost`)."""
 
     def __init__(self, config: RunConfig, arm: Arm, plans: Iterator[AgentPlan]) -> None:
         config.validate()
