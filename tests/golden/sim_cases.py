@@ -25,7 +25,7 @@ from dynamo_thunderagent.bench.trace import DEFAULT_TRACE
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_DIR = Path(__file__).resolve().parent / "sim"
 POLICIES = ROOT / "policies"
-ALL_ARMS = "ours,stock,ttl-pinning,upstream"
+ALL_ARMS = "ours,stock,ttl-pinning,upstream,dynamo-python"
 
 
 def _cases() -> dict[str, list[str]]:
