@@ -1,12 +1,13 @@
 """The simulator's ``dynamo-python`` arm: Dynamo 1.6.1's Python ThunderAgent port, its rules.
 
-The ``upstream`` arm runs the upstream proxy's pause rule inside our scheduler; live, the
-port that ships with Dynamo (``python -m dynamo.thunderagent_router``, live's
-``dynamo-python`` arm) loses a quarter of what the simulator's ``upstream`` arm keeps. This arm
+The ``upstream`` arm runs the upstream proxy's pause rule inside our scheduler, and ties or
+beats ours on shapes where the port that ships with Dynamo (``python -m
+dynamo.thunderagent_router``, live's ``dynamo-python`` arm) loses to ours live. This arm
 models the port's own rules instead, as its installed code reads (our summary, in our words):
 
 * **Levels.** Usage per worker is the tokens of its ACTIVE programs (REASONING and ACTING
-  alike, no decay) plus 100 per program, against the GPU pool's tokens. A tick (every 5 s)
+  alike, no decay; a turn in flight counts its prompt and what it has generated so far) plus
+  100 per program, against the GPU pool's tokens. A tick (every 5 s)
   first resumes, then pauses: above 0.95 of the pool it pauses the smallest ACTING programs
   until usage is at most 0.80; if that is not enough it marks every REASONING program on the
   worker, and each marked one pauses when its turn ends.
@@ -21,9 +22,11 @@ models the port's own rules instead, as its installed code reads (our summary, i
   the one its last resume chose. (The port also sends a turn unpinned when its program lost
   its worker without pausing, which takes a worker leaving; the simulated ones never do.)
 
-Not modelled: the priority offsets it sends the engine (soft demotion between 0.80 and 0.95,
-a boost after a wait), which the simulated engine has no queue order for, and the host tier
-the port adds to the pool when the engine reports native offloading.
+Not modelled: the engine priority offsets it sends (soft demotion between 0.80 and 0.95,
+a boost after a wait), which the simulated engine has no queue order for; the host tier the
+port adds to the pool when the engine reports native offloading; and its counter of marked
+programs. A turn's generated tokens are read as the simulated engine last applied them (it
+advances decode in jumps between events), the port's as its stream last reported them.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class _Program:
     marked: bool = False
     acting_since: float = 0.0
     pending: str | None = None  # the turn waiting for a resume
+    current: str | None = None  # the turn sent and not finished
     pending_since: float = 0.0
 
 
@@ -100,13 +104,13 @@ class DynamoPythonArm(Arm):
             self._wait(program, request.request_id)
             return
         if program.worker is not None:
-            self.host.dispatch(request.request_id, program.worker)
+            self._send(program, request.request_id, program.worker)
             return
         # A new program: an ACTIVE one keeps its worker, a PAUSED one is given one by a tick.
-        worker = self._admission_worker(self._usage(), program.tokens)
+        worker = self._admission_worker(self._usage(), self._charge(program))
         if worker is not None:
             program.worker = worker
-            self.host.dispatch(request.request_id, worker)
+            self._send(program, request.request_id, worker)
         else:  # every worker full, or programs already waiting: queue until a tick
             program.lifecycle = _Lifecycle.PAUSED
             self.paused[program.session_id] = None
@@ -119,6 +123,7 @@ class DynamoPythonArm(Arm):
             return
         program.tokens = request.context_tokens
         program.reasoning = False
+        program.current = None
         program.acting_since = self.host.now()
         if program.marked:
             program.marked = False
@@ -149,6 +154,16 @@ class DynamoPythonArm(Arm):
         return found
 
     # ---- the rules --------------------------------------------------------------------
+    def _charge(self, program: _Program) -> int:
+        """What a program counts against its worker: its tokens, the turn in flight's
+        generated ones so far, and the per-program buffer."""
+        streamed = self.host.request(program.current).generated if program.current else 0
+        return program.tokens + streamed + self.params.buffer_per_program
+
+    def _send(self, program: _Program, request_id: str, worker: int) -> None:
+        program.current = request_id
+        self.host.dispatch(request_id, worker)
+
     def _usage(self) -> dict[int, _Usage]:
         """Each worker's ACTIVE, placed programs and their tokens plus the per-program buffer."""
         cluster = self.host.cluster
@@ -158,15 +173,15 @@ class DynamoPythonArm(Arm):
             if program.lifecycle is _Lifecycle.ACTIVE and program.worker in usage:
                 entry = usage[program.worker]
                 entry.programs.append(program)
-                entry.used += program.tokens + self.params.buffer_per_program
+                entry.used += self._charge(program)
         return usage
 
-    def _admission_worker(self, usage: dict[int, _Usage], tokens: int) -> int | None:
-        """For a new program: the least used worker with room for ``tokens`` up to its whole
-        pool; None if none has, or if any program is paused (new ones queue behind it)."""
+    def _admission_worker(self, usage: dict[int, _Usage], required: int) -> int | None:
+        """For a new program: the least used worker with room for ``required`` tokens up to
+        its whole pool; None if none has, or if any program is paused (new ones queue behind
+        it)."""
         if self.paused:
             return None
-        required = tokens + self.params.buffer_per_program
         fits = [(e.used, w) for w, e in usage.items() if e.capacity - e.used >= required]
         return min(fits)[1] if fits else None
 
@@ -191,10 +206,10 @@ class DynamoPythonArm(Arm):
         self._counts["resumes"] += 1
         entry = usage[worker]
         entry.programs.append(program)
-        entry.used += program.tokens + self.params.buffer_per_program
+        entry.used += self._charge(program)
         if program.pending is not None:
             request_id, program.pending = program.pending, None
-            self.host.dispatch(request_id, worker)
+            self._send(program, request_id, worker)
 
     def _force_resume_overdue(self, usage: dict[int, _Usage]) -> None:
         now = self.host.now()
@@ -211,7 +226,8 @@ class DynamoPythonArm(Arm):
 
         def decayed(p: _Program) -> float:
             idle = max(0.0, now - p.acting_since) if not p.reasoning else 0.0
-            return float(p.tokens * 2.0 ** (-idle / tau)) + self.params.buffer_per_program
+            # the port rounds each program's decayed tokens down
+            return int(p.tokens * 2.0 ** (-idle / tau)) + self.params.buffer_per_program
 
         return max(usage, key=lambda w: (usage[w].capacity - sum(
             decayed(p) for p in usage[w].programs), -w))
@@ -219,34 +235,35 @@ class DynamoPythonArm(Arm):
     def _resume(self, usage: dict[int, _Usage]) -> None:
         """Best-fit decreasing: the programs that fit the room below the resume ceiling in
         all, largest first, each into the worker with the most room left."""
-        waiting = [self.programs[s] for s in self.paused if s in self.programs]
+        waiting = [self.programs[s] for s in self.paused]
         if not waiting:
             return
         # Programs that ran a turn and wait for their next first, then between-turn
         # (ACTING) ones, then programs that never ran; smallest first within each group.
         waiting.sort(key=lambda p: (1 if p.steps <= 1 else 0 if p.reasoning else 2, p.tokens))
-        buffer = self.params.buffer_per_program
+        buffer = self.params.buffer_per_program  # a worker with no more room than this is full
         ceiling = max(0.0, self.params.pause_threshold - self.params.resume_hysteresis)
         room = [(w, int(e.capacity * ceiling) - e.used) for w, e in usage.items()]
         room = sorted(((w, r) for w, r in room if r > buffer), key=lambda x: -x[1])
         total, taken = sum(r for _, r in room), 0
         chosen: list[_Program] = []
         for program in waiting:
-            if taken + program.tokens + buffer <= total:
+            if taken + self._charge(program) <= total:
                 chosen.append(program)
-                taken += program.tokens + buffer
+                taken += self._charge(program)
         if not chosen:
             return
         chosen.sort(key=lambda p: -p.tokens)
-        smallest = min(p.tokens for p in chosen) + buffer
+        smallest = min(self._charge(p) for p in chosen)
         for program in chosen:
             if not room or smallest > room[0][1]:
                 break
             worker, left = room[0]
-            if program.tokens + buffer > left:
+            required = self._charge(program)
+            if required > left:
                 continue
             self._resume_on(program, worker, usage)
-            left -= program.tokens + buffer
+            left -= required
             if left > buffer:
                 room[0] = (worker, left)
                 room.sort(key=lambda x: -x[1])
@@ -256,7 +273,6 @@ class DynamoPythonArm(Arm):
     def _pause_until_safe(self, usage: dict[int, _Usage]) -> None:
         """Every worker above the pause level: pause its smallest ACTING programs down to the
         target, then, if still above it, mark all its REASONING ones."""
-        buffer = self.params.buffer_per_program
         target_share = min(self.params.pause_target, self.params.pause_threshold)
         for entry in usage.values():
             if entry.used <= entry.capacity * self.params.pause_threshold:
@@ -268,8 +284,9 @@ class DynamoPythonArm(Arm):
                     break
                 if program.marked or not self._pause(program):
                     continue
+                freed = self._charge(program)  # between turns: nothing streamed
                 entry.programs.remove(program)
-                entry.used -= program.tokens + buffer
+                entry.used -= freed
             if entry.used > target:
                 for program in entry.programs:
                     if program.reasoning and not program.marked:
