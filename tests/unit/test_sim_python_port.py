@@ -47,6 +47,11 @@ class _Host:
     def reject(self, request_id: str, reason: str) -> None:
         raise AssertionError(f"the port rejects nothing: {request_id} {reason}")
 
+    def done(self, session: str, turn: int, context: int) -> SimRequest:
+        """The turn finished with ``context`` tokens; like the simulation, forget it first."""
+        self.requests.pop(f"{session}/{turn}")
+        return SimRequest(f"{session}/{turn}", session, turn, context, 0, 0, self.clock)
+
     def request(self, request_id: str) -> SimRequest:
         return self.requests[request_id]
 
@@ -67,7 +72,7 @@ def _four_programs(host: _Host) -> DynamoPythonArm:
     for session, prompt in (("a", 350), ("b", 300), ("c", 500), ("d", 450)):
         arm.submit(host.turn(session, 0, prompt))
     for session in ("a", "b"):
-        arm.completed(host.turn(session, 0, arm.programs[session].tokens))
+        arm.completed(host.done(session, 0, arm.programs[session].tokens))
     return arm
 
 
@@ -93,11 +98,11 @@ def test_when_pausing_every_acting_program_is_not_enough_every_reasoning_one_is_
     arm = _arm(host)
     for session, prompt in (("a", 200), ("c", 750), ("d", 750)):  # 300 + 850 + 850
         arm.submit(host.turn(session, 0, prompt))
-    arm.completed(host.turn("a", 0, 200))
+    arm.completed(host.done("a", 0, 200))
     arm.tick()  # a paused: 1,700 > 1,638.4, so c and d are marked
     assert list(arm.paused) == ["a"]
     assert arm.programs["c"].marked and arm.programs["d"].marked
-    arm.completed(host.turn("c", 0, 750))  # a marked program pauses when its turn ends
+    arm.completed(host.done("c", 0, 750))  # a marked program pauses when its turn ends
     assert list(arm.paused) == ["a", "c"] and not arm.programs["c"].marked
 
 
@@ -124,7 +129,7 @@ def test_a_paused_programs_turn_waits_for_a_tick_with_room_below_085() -> None:
     arm.submit(host.turn("b", 1, 200))
     arm.tick()  # room below 0.85: 1,740 - 1,600 = 140 < 300 (below 0.95 it would fit)
     assert "b/1" not in host.sent
-    arm.completed(host.turn("c", 0, 500))
+    arm.completed(host.done("c", 0, 500))
     arm.session_final("c")  # 600 freed, but only a tick resumes
     assert "b/1" not in host.sent
     arm.tick()
@@ -139,7 +144,7 @@ def test_a_resume_picks_the_worker_with_most_room_so_the_program_moves() -> None
     arm.submit(host.turn("q", 0, 800))  # worker 1, the less used
     arm.submit(host.turn("r", 0, 1400))  # worker 0: 500 + 1,500 = 2,000 fits the whole pool
     assert [host.sent[r] for r in ("p/0", "q/0", "r/0")] == [0, 1, 0]
-    arm.completed(host.turn("p", 0, 400))
+    arm.completed(host.done("p", 0, 400))
     arm.tick()  # worker 0 above 0.95: p paused
     arm.submit(host.turn("p", 1, 450))
     arm.tick()  # worker 0 has 240 below 0.85, worker 1 has 840: p goes there
@@ -152,7 +157,7 @@ def test_a_wait_past_the_timeout_from_its_turns_arrival_is_cut_off_on_the_least_
     arm.submit(host.turn("p", 0, 150))  # worker 0: 250
     arm.submit(host.turn("big1", 0, 1550))  # worker 1, the less used: 1,650
     arm.submit(host.turn("big2", 0, 1600))  # worker 0: 1,950, above 0.95
-    arm.completed(host.turn("p", 0, 150))
+    arm.completed(host.done("p", 0, 150))
     arm.tick()  # p paused at t=0; below 0.85 neither worker has its 250 again
     assert list(arm.paused) == ["p"]
     host.clock = 6.0
@@ -169,7 +174,7 @@ def test_a_turn_in_flight_counts_what_it_has_generated_so_far() -> None:
     host = _Host()
     arm = _arm(host)
     arm.submit(host.turn("b", 0, 300))
-    arm.completed(host.turn("b", 0, 300))  # b between turns: 400 with its buffer
+    arm.completed(host.done("b", 0, 300))  # b between turns: 400 with its buffer
     arm.submit(host.turn("a", 0, 1400))  # 1,500: 1,900 in all, below 0.95
     arm.tick()
     assert not arm.paused
@@ -183,11 +188,11 @@ def test_a_paused_programs_waiting_turn_resumes_before_a_new_program_that_is_sma
     arm = _arm(host)
     for session, prompt in (("a", 300), ("c", 1000), ("d", 400)):  # 400 + 1,100 + 500
         arm.submit(host.turn(session, 0, prompt))
-    arm.completed(host.turn("a", 0, 300))
+    arm.completed(host.done("a", 0, 300))
     arm.tick()  # a paused: 1,600
     arm.submit(host.turn("a", 1, 300))  # a's turn waits: 400
     arm.submit(host.turn("y", 0, 200))  # new, queued behind a: 300
-    arm.completed(host.turn("d", 0, 400))
+    arm.completed(host.done("d", 0, 400))
     arm.session_final("d")  # 1,100 used: 640 below 0.85, room for one of the two
     arm.tick()
     assert "a/1" in host.sent and "y/0" not in host.sent and list(arm.paused) == ["y"]

@@ -224,8 +224,10 @@ class DynamoPythonArm(Arm):
         """Most room left, ACTING programs' tokens halving every ``acting_decay_tau``."""
         tau = max(self.params.acting_decay_tau_seconds, 1e-3)
 
-        def decayed(p: _Program) -> float:
-            idle = max(0.0, now - p.acting_since) if not p.reasoning else 0.0
+        def decayed(p: _Program) -> int:
+            if p.reasoning:  # in a turn: no decay, its streamed tokens counted
+                return self._charge(p)
+            idle = max(0.0, now - p.acting_since)
             # the port rounds each program's decayed tokens down
             return int(p.tokens * 2.0 ** (-idle / tau)) + self.params.buffer_per_program
 
