@@ -14,9 +14,9 @@ from dynamo_thunderagent.bench.sim.engine import (
 from dynamo_thunderagent.bench.sim.python_port import DynamoPythonArm, PortParameters
 from dynamo_thunderagent.bench.sim.run import regime_scenario
 from dynamo_thunderagent.bench.sim.simulation import RunConfig, Simulation
-from dynamo_thunderagent.bench.sim.timing import TimingModel
 
-LINEAR = TimingModel("test", prefill_pass_s=0.0, prefill_per_token_s=0.001, decode_base_s=0.01)
+# The arm never runs the engine; the workers only give it their pools.
+_TIMING = regime_scenario("cheap-recompute").timing
 
 
 class _Host:
@@ -25,7 +25,7 @@ class _Host:
 
     def __init__(self, workers: int = 1, blocks: int = 2048) -> None:
         loop = EventLoop()
-        self.cluster = Cluster([Worker(i, EngineConfig(blocks, 1, LINEAR), loop,
+        self.cluster = Cluster([Worker(i, EngineConfig(blocks, 1, _TIMING), loop,
                                        lambda r: None, lambda r: None)
                                 for i in range(workers)])
         self.clock = 0.0

@@ -77,6 +77,10 @@ class _Usage:
     used: int = 0
     programs: list[_Program] = field(default_factory=list)
 
+    def add(self, program: _Program, charge: int) -> None:
+        self.programs.append(program)
+        self.used += charge
+
 
 class DynamoPythonArm(Arm):
     """Dynamo's Python ThunderAgent port (see the module docstring)."""
@@ -171,9 +175,7 @@ class DynamoPythonArm(Arm):
                  for w in cluster.workers}
         for program in self.programs.values():
             if program.lifecycle is _Lifecycle.ACTIVE and program.worker in usage:
-                entry = usage[program.worker]
-                entry.programs.append(program)
-                entry.used += self._charge(program)
+                usage[program.worker].add(program, self._charge(program))
         return usage
 
     def _admission_worker(self, usage: dict[int, _Usage], required: int) -> int | None:
@@ -204,9 +206,7 @@ class DynamoPythonArm(Arm):
         program.worker = worker
         self.paused.pop(program.session_id, None)
         self._counts["resumes"] += 1
-        entry = usage[worker]
-        entry.programs.append(program)
-        entry.used += self._charge(program)
+        usage[worker].add(program, self._charge(program))
         if program.pending is not None:
             request_id, program.pending = program.pending, None
             self._send(program, request_id, worker)
@@ -250,9 +250,10 @@ class DynamoPythonArm(Arm):
         total, taken = sum(r for _, r in room), 0
         chosen: list[_Program] = []
         for program in waiting:
-            if taken + self._charge(program) <= total:
+            charge = self._charge(program)
+            if taken + charge <= total:
                 chosen.append(program)
-                taken += self._charge(program)
+                taken += charge
         if not chosen:
             return
         chosen.sort(key=lambda p: -p.tokens)
