@@ -153,6 +153,8 @@ from dynamo_thunderagent.bench.live_report import build_report, make_row
 from dynamo_thunderagent.bench.live_sweep import (
     DEFAULT_ARMS,
     DEFAULT_FACTORS,
+    DEFAULT_WARMUP_S,
+    DEFAULT_WINDOW_S,
     QUICK_ARMS,
     QUICK_FACTORS,
     WORKLOADS,
@@ -161,8 +163,8 @@ from dynamo_thunderagent.bench.live_sweep import (
     RunKey,
     SweepPlan,
     batch_plans,
-    default_setup,
     interleave,
+    live_setup,
     parse_arms,
     plan_sweep,
     run_plans,
@@ -173,7 +175,6 @@ from dynamo_thunderagent.bench.runner import (
     RunSpec,
     run_stack,
 )
-from dynamo_thunderagent.bench.shapes import SHAPES, shape_token_factor
 from dynamo_thunderagent.bench.workload import Background
 from dynamo_thunderagent.policy_files import POLICY_CLOCKS, policy_on_clock, policy_with_host_tier
 
@@ -249,8 +250,8 @@ class LiveConfig:
     num_gpu_blocks: int | None = None
     workers: int = 2
     block_size: int = 16
-    window_s: float = 40.0
-    warmup_s: float = 10.0
+    window_s: float = DEFAULT_WINDOW_S
+    warmup_s: float = DEFAULT_WARMUP_S
     drain_s: float = 5.0
     request_timeout_s: float = 300.0
     seed: int = 0
@@ -279,24 +280,9 @@ class LiveConfig:
         return setup, sweep
 
     def setup(self, regime: str) -> RegimeSetup:
-        base = default_setup(regime)
-        changes: dict[str, Any] = {}
-        if self.workload != "auto":
-            changes["workload"] = self.workload
-        if self.trace is not None:
-            changes["trace"] = self.trace
-        if self.token_scale is not None:
-            changes["token_scale"] = self.token_scale
-        elif self.workload in SHAPES:
-            pool = REGIMES[regime].sim.pool_tokens
-            changes["token_scale"] = base.token_scale * shape_token_factor(pool)
-        if self.time_scale is not None:
-            changes["time_scale"] = self.time_scale
-        if self.max_agents is not None:
-            changes["max_agents"] = self.max_agents
-        setup = dataclasses.replace(base, **changes)
-        setup.validate()
-        return setup
+        return live_setup(regime, workload=self.workload, trace=self.trace,
+                          token_scale=self.token_scale, time_scale=self.time_scale,
+                          max_agents=self.max_agents)  # fmt: skip
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -645,9 +631,9 @@ def config_from_args(args: argparse.Namespace) -> LiveConfig:
     if args.agents:
         agents = tuple(int(x) for x in _floats(args.agents, "--agents"))
     window = args.window if args.window is not None else (
-        ROLLOUT_CAP_S if args.rollout else 30.0 if quick else 40.0)
+        ROLLOUT_CAP_S if args.rollout else 30.0 if quick else DEFAULT_WINDOW_S)
     warmup = args.warmup if args.warmup is not None else (
-        0.0 if args.rollout else 8.0 if quick else 10.0)
+        0.0 if args.rollout else 8.0 if quick else DEFAULT_WARMUP_S)
     if args.rollout and warmup:
         raise ValueError("--warmup does not apply to --rollout: a batch is measured from its "
                          "start")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import random
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,14 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from dynamo_thunderagent.bench.regimes import REGIME_NAMES, regime_named
-from dynamo_thunderagent.bench.shapes import ALL_SYNTHETIC, SyntheticWorkload
+from dynamo_thunderagent.bench.shapes import (
+    ALL_SYNTHETIC,
+    SHAPES,
+    SyntheticWorkload,
+    shape_token_factor,
+)
 from dynamo_thunderagent.bench.trace import (
     DEFAULT_TRACE,
     TRACE_SYSTEM_TOKENS,
     load_trace,
     replay_stream,
 )
-from dynamo_thunderagent.bench.workload import AgentPlan, agent_stream
+from dynamo_thunderagent.bench.workload import AgentPlan, agent_stream, warm_start
 from dynamo_thunderagent.stack.arms import ARM_NAMES, ARMS, HEADLINE_ARMS, Arm, arm_named
 
 DEFAULT_ARMS: tuple[str, ...] = ARM_NAMES
@@ -33,6 +37,8 @@ QUICK_ARMS: tuple[str, ...] = HEADLINE_ARMS
 WORKLOADS: tuple[str, ...] = ("trace", *ALL_SYNTHETIC)
 DEFAULT_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0)
 QUICK_FACTORS: tuple[float, ...] = (1.0, 3.0)
+DEFAULT_WINDOW_S = 40.0  # seconds of turns per run, on the wall clock
+DEFAULT_WARMUP_S = 10.0  # of which the first are dropped
 SAMPLE_AGENTS = 256  # synthetic plans sampled to size the capacity
 
 
@@ -184,6 +190,40 @@ def default_setup(name: str) -> RegimeSetup:
     )
 
 
+def live_setup(
+    regime: str,
+    *,
+    workload: str = "auto",
+    trace: Path | None = None,
+    token_scale: float | None = None,
+    time_scale: float | None = None,
+    max_agents: int | None = None,
+) -> RegimeSetup:
+    """The setup ``bench live`` runs ``regime`` with, given its flags (None: the default).
+
+    ``workload`` "auto" keeps the regime's own; a generated shape gets the token factor
+    that sizes it for the regime's simulated worker, as ``bench sim`` sizes it.
+    """
+    base = default_setup(regime)
+    changes: dict[str, Any] = {}
+    if workload != "auto":
+        changes["workload"] = workload
+    if trace is not None:
+        changes["trace"] = trace
+    if token_scale is not None:
+        changes["token_scale"] = token_scale
+    elif workload in SHAPES:
+        pool = regime_named(regime).sim.pool_tokens
+        changes["token_scale"] = base.token_scale * shape_token_factor(pool)
+    if time_scale is not None:
+        changes["time_scale"] = time_scale
+    if max_agents is not None:
+        changes["max_agents"] = max_agents
+    setup = dataclasses.replace(base, **changes)
+    setup.validate()
+    return setup
+
+
 def _scaled(spec: SyntheticWorkload, setup: RegimeSetup) -> SyntheticWorkload:
     # Session ids name the workload (``toy-<seed>-<i>``, ``swe-<seed>-<i>``, ``long-...``).
     return dataclasses.replace(spec, token_scale=setup.token_scale, time_scale=setup.time_scale,
@@ -224,31 +264,6 @@ def with_overhead(plan: AgentPlan, seconds: float) -> AgentPlan:
         for k, t in enumerate(plan.turns)
     )  # fmt: skip
     return dataclasses.replace(plan, turns=turns)
-
-
-def start_at(plan: AgentPlan, turn: int) -> AgentPlan:
-    """``plan`` joined at ``turn``: its first prompt is the whole history up to ``turn``.
-
-    The prompt sizes of the remaining turns are unchanged (the joined turn starts the
-    history, so it is not a compaction); the session id gets ``@<turn>``.
-    """
-    if not 0 <= turn < len(plan.turns):
-        raise ValueError(f"turn {turn} out of range for a plan of {len(plan.turns)} turns")
-    if turn == 0:
-        return plan
-    first = dataclasses.replace(
-        plan.turns[turn], new_tokens=plan.prompt_tokens(turn) - plan.system_tokens,
-        compaction=False,
-    )
-    return AgentPlan(f"{plan.session_id}@{turn}", plan.system_tokens,
-                     (first, *plan.turns[turn + 1 :]), joined_at=turn)  # fmt: skip
-
-
-def warm_start(plans: Iterator[AgentPlan], count: int, seed: int) -> Iterator[AgentPlan]:
-    """The first ``count`` plans joined at a seeded uniform turn; the rest unchanged."""
-    rng = random.Random(f"{seed}:warm-start")
-    for index, plan in enumerate(plans):
-        yield start_at(plan, rng.randrange(len(plan.turns))) if index < count else plan
 
 
 def run_plans(setup: RegimeSetup, seed: int, agents: int) -> Iterator[AgentPlan]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 ToolTimeKind = Literal["lognormal", "pareto"]
@@ -193,7 +193,7 @@ class AgentPlan:
     system_tokens: int
     turns: tuple[TurnPlan, ...]
     # The turn of the whole program this plan starts at (a warm start joins mid-program,
-    # bench/live_sweep.start_at): its run is not whole, so agent-run times leave it out.
+    # start_at): its run is not whole, so agent-run times leave it out.
     joined_at: int = 0
 
     def history_start(self, turn: int) -> int:
@@ -324,6 +324,31 @@ def agent_stream(spec: AgentSource, seed: int) -> Iterator[AgentPlan]:
     while True:
         yield spec.agent(index, seed)
         index += 1
+
+
+def start_at(plan: AgentPlan, turn: int) -> AgentPlan:
+    """``plan`` joined at ``turn``: its first prompt is the whole history up to ``turn``.
+
+    The prompt sizes of the remaining turns are unchanged (the joined turn starts the
+    history, so it is not a compaction); the session id gets ``@<turn>``.
+    """
+    if not 0 <= turn < len(plan.turns):
+        raise ValueError(f"turn {turn} out of range for a plan of {len(plan.turns)} turns")
+    if turn == 0:
+        return plan
+    first = replace(
+        plan.turns[turn], new_tokens=plan.prompt_tokens(turn) - plan.system_tokens,
+        compaction=False,
+    )
+    return AgentPlan(f"{plan.session_id}@{turn}", plan.system_tokens,
+                     (first, *plan.turns[turn + 1 :]), joined_at=turn)  # fmt: skip
+
+
+def warm_start(plans: Iterator[AgentPlan], count: int, seed: int) -> Iterator[AgentPlan]:
+    """The first ``count`` plans joined at a seeded uniform turn; the rest unchanged."""
+    rng = random.Random(f"{seed}:warm-start")
+    for index, plan in enumerate(plans):
+        yield start_at(plan, rng.randrange(len(plan.turns))) if index < count else plan
 
 
 @dataclass(frozen=True)

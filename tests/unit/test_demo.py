@@ -222,12 +222,12 @@ def test_agent_run_times_count_finished_agents_from_where_they_joined() -> None:
 
 
 def test_a_warm_started_plan_marks_its_records_as_joined() -> None:
-    from dynamo_thunderagent.bench import live_sweep
+    from dynamo_thunderagent.bench import workload
     from dynamo_thunderagent.bench.workload import AgentPlan, TurnPlan
 
     plan = AgentPlan("s", 100, tuple(TurnPlan(50, 10, 1.0) for _ in range(4)))
-    assert live_sweep.start_at(plan, 2).joined_at == 2
-    assert live_sweep.start_at(plan, 0).joined_at == 0
+    assert workload.start_at(plan, 2).joined_at == 2
+    assert workload.start_at(plan, 0).joined_at == 0
 
 
 def test_agent_runs_are_compared_over_the_agents_every_arm_finished() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dynamo_thunderagent.bench import live, live_report, live_sweep
+from dynamo_thunderagent.bench import live, live_report, live_sweep, workload
 from dynamo_thunderagent.bench.metrics import summarize
 from dynamo_thunderagent.bench.records import RunResult, TurnRecord
 from dynamo_thunderagent.bench.runner import ArmResult
@@ -64,21 +64,21 @@ def _plan(turns: int = 5, sid: str = "a") -> AgentPlan:
 def test_start_at_keeps_prompt_sizes_of_the_remaining_turns() -> None:
     plan = _plan(6)
     for k in range(6):
-        joined = live_sweep.start_at(plan, k)
+        joined = workload.start_at(plan, k)
         assert len(joined.turns) == 6 - k
         for j in range(len(joined.turns)):
             assert joined.prompt_tokens(j) == plan.prompt_tokens(k + j)
         assert joined.peak_context_tokens == plan.peak_context_tokens
-    assert live_sweep.start_at(plan, 0) is plan
-    assert live_sweep.start_at(plan, 3).session_id == "a@3"
+    assert workload.start_at(plan, 0) is plan
+    assert workload.start_at(plan, 3).session_id == "a@3"
     with pytest.raises(ValueError):
-        live_sweep.start_at(plan, 6)
+        workload.start_at(plan, 6)
 
 
 def test_warm_start_only_touches_the_first_agents_and_is_seeded() -> None:
     plans = [_plan(8, f"s{i}") for i in range(10)]
-    one = list(live_sweep.warm_start(iter(plans), 4, seed=1))
-    two = list(live_sweep.warm_start(iter(plans), 4, seed=1))
+    one = list(workload.warm_start(iter(plans), 4, seed=1))
+    two = list(workload.warm_start(iter(plans), 4, seed=1))
     assert one == two
     assert one[4:] == plans[4:]
     assert all(p.session_id.startswith(f"s{i}") for i, p in enumerate(one))
@@ -91,7 +91,7 @@ def test_with_overhead_adds_to_every_tool_gap_but_the_last() -> None:
 
 
 def test_run_plans_calibrated_trace_is_scaled_like_real_agents() -> None:
-    setup = live.default_setup("calibrated")
+    setup = live_sweep.default_setup("calibrated")
     if setup.workload != "trace":
         pytest.skip("shared trace not present")
     plans = [p for _, p in zip(range(40), live.run_plans(setup, 0, 8), strict=False)]
@@ -471,7 +471,7 @@ def test_dry_run_prints_the_schedule() -> None:
 
 
 def test_a_rollouts_batch_is_the_streams_first_plans_from_their_first_turn() -> None:
-    setup = live.default_setup("cheap-recompute")
+    setup = live_sweep.default_setup("cheap-recompute")
     batch = list(live_sweep.batch_plans(setup, 0, 5))
     closed = list(zip(range(5), live.run_plans(setup, 0, 5), strict=False))
     assert len(batch) == 5

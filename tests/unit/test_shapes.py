@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from dynamo_thunderagent import cli
-from dynamo_thunderagent.bench import live, live_sweep
+from dynamo_thunderagent.bench import live, live_sweep, workload
 from dynamo_thunderagent.bench.driver import _Run
 from dynamo_thunderagent.bench.metrics import recomputed_tokens
 from dynamo_thunderagent.bench.prompts import History, PromptText, TemplateOverhead
@@ -422,7 +422,7 @@ def test_live_plans_keep_subagents_and_compactions_through_overhead_and_warm_sta
     assert sub.turns[0].tool_seconds >= overhead  # subagents are clients too
     long_plan = make_agents(LONG_WORKLOAD, 1, 0)[0]
     k = next(i for i, t in enumerate(long_plan.turns) if i > 0 and t.compaction)
-    joined = live_sweep.start_at(long_plan, k)
+    joined = workload.start_at(long_plan, k)
     assert not joined.turns[0].compaction
     assert all(joined.prompt_tokens(j) == long_plan.prompt_tokens(k + j)
                for j in range(len(joined.turns)))

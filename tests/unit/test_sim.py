@@ -15,6 +15,7 @@ import pytest
 
 from dynamo_thunderagent import cli
 from dynamo_thunderagent.bench.ablations import ABLATION_DIR
+from dynamo_thunderagent.bench.regimes import regime_named
 from dynamo_thunderagent.bench.sim.arms import (
     UPSTREAM_PARAMETERS,
     ProgramArm,
@@ -41,7 +42,7 @@ from dynamo_thunderagent.bench.sim.run import (
 )
 from dynamo_thunderagent.bench.sim.simulation import RunConfig, Simulation
 from dynamo_thunderagent.bench.sim.timing import TimingModel
-from dynamo_thunderagent.bench.workload import Background
+from dynamo_thunderagent.bench.workload import Background, warm_start
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.catalog import load_policy
 from dynamo_thunderagent.config import ThunderAgentParameters
@@ -564,3 +565,89 @@ def test_a_rollout_that_lost_a_run_has_no_makespan_but_ends_with_its_batch() -> 
     assert end < 3600.0  # the batch ended long before its cap, and its figures with it
     assert result.steps_per_min == pytest.approx(len(sim.records) / (sim.now() / 60.0))
     assert sim.now() == pytest.approx(end)
+
+
+def _spec(*flags: str) -> SweepSpec:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return spec_from_args(parser.parse_args(list(flags)))
+
+
+def test_live_sizing_gives_the_pool_agents_and_window_bench_live_runs_in_real_units() -> None:
+    from dynamo_thunderagent.bench import live
+
+    config = live.LiveConfig(regimes=("calibrated",), arms=(), workload="long", seed=2)
+    setup, sweep = config.plan("calibrated")
+    assert setup.token_scale == 0.1 and setup.time_scale == 0.25  # mocker units, not real
+    spec = _spec("--regime", "calibrated", "--workload", "long", "--seed", "2",
+                 "--live-sizing")
+    s = spec.scenario
+    # a mocker token stands for 10 real ones and a mocker second for 4 real ones
+    assert s.blocks == round(sweep.num_gpu_blocks / 0.1)
+    assert spec.agents == sweep.agents
+    assert s.workload.token_scale == pytest.approx(1.0)
+    assert s.workload.time_scale == pytest.approx(1.0)
+    assert (s.window_s, s.warmup_s) == (config.window_s / 0.25, config.warmup_s / 0.25)
+    assert s.warm_start and s.describe()["warm_start"] is True
+    # the agents bench live starts, joined at the same turns, their prompts in real tokens
+    n = sweep.agents[-1]
+    sim_plans = list(islice(warm_start(s.plans(2), n, 2), n))
+    live_plans = list(islice(live.run_plans(setup, 2, n), n))
+    assert [p.joined_at for p in sim_plans] == [p.joined_at for p in live_plans]
+    assert any(p.joined_at > 0 for p in sim_plans)
+    assert [p.prompt_tokens(0) for p in sim_plans] == [
+        pytest.approx(p.prompt_tokens(0) / 0.1, rel=0.05) for p in live_plans]
+
+
+def test_live_sizing_in_the_cheap_recompute_regime_keeps_the_mockers_units() -> None:
+    from dynamo_thunderagent.bench import live
+
+    config = live.LiveConfig(regimes=("cheap-recompute",), arms=(), workload="long")
+    setup, sweep = config.plan("cheap-recompute")
+    assert setup.token_scale < 1.0  # the shape shrunk to the mocker's small pool
+    spec = _spec("--regime", "cheap-recompute", "--workload", "long", "--live-sizing",
+                 "--agents", "5", "--window-s", "30")
+    assert spec.scenario.blocks == sweep.num_gpu_blocks
+    assert spec.scenario.workload.token_scale == setup.token_scale
+    assert spec.agents == (5,)
+    assert (spec.scenario.window_s, spec.scenario.warmup_s) == (30.0, config.warmup_s)
+
+
+def test_live_sizing_refuses_the_flags_it_sets(capsys: pytest.CaptureFixture[str]) -> None:
+    for flag in ("--blocks", "--token-scale", "--time-scale"):
+        assert cli.main(["bench", "sim", "--live-sizing", flag, "2"]) == 2
+        assert f"--live-sizing sizes the pool and the scales as bench live does; leave out " \
+               f"{flag}" in capsys.readouterr().err
+
+
+def test_a_warm_started_run_joins_its_first_agents_mid_program() -> None:
+    scenario = replace(_small(20.0), warm_start=True)
+    seen: list[Any] = []
+
+    class Recording(Simulation):
+        def __init__(self, config: RunConfig, arm: Any, plans: Any) -> None:
+            def recorded() -> Any:
+                for plan in plans:
+                    seen.append(plan)
+                    yield plan
+
+            super().__init__(config, arm, recorded())
+
+    import dynamo_thunderagent.bench.sim.run as run_module
+
+    original = run_module.Simulation
+    run_module.Simulation = Recording  # type: ignore[misc]
+    try:
+        run_module.run_one(scenario, "stock", 4, 0, None, 1.0)
+    finally:
+        run_module.Simulation = original  # type: ignore[misc]
+    assert len(seen) > 4
+    assert any(p.joined_at > 0 for p in seen[:4])
+    assert all(p.joined_at == 0 for p in seen[4:])
+
+
+def test_live_sizing_sizes_a_host_tier_from_the_pool_it_sets() -> None:
+    s = _spec("--regime", "tiered", "--live-sizing", "--agents", "4").scenario
+    tier = regime_named("tiered").host_tier
+    assert tier is not None and s.blocks != regime_scenario("tiered").blocks
+    assert s.host_blocks == tier.host_blocks(s.blocks)

@@ -19,10 +19,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dynamo_thunderagent.bench.regimes import REGIMES
+from dynamo_thunderagent.bench.live_sweep import (
+    DEFAULT_FACTORS,
+    DEFAULT_WARMUP_S,
+    DEFAULT_WINDOW_S,
+    live_setup,
+    plan_sweep,
+    workload_shape,
+)
+from dynamo_thunderagent.bench.regimes import REGIMES, regime_named
 from dynamo_thunderagent.bench.shapes import SHAPES, shape_token_factor
 from dynamo_thunderagent.bench.sim.arms import ARM_NAMES, DEFAULT_POLICY, build_arm, parse_arms
 from dynamo_thunderagent.bench.sim.run import (
+    Scenario,
     SweepSpec,
     markdown,
     regime_scenario,
@@ -85,6 +94,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one batch: N agents start together and run to their end, as an "
                              "RL rollout does; reports its makespan and run times (the window, "
                              f"default {ROLLOUT_CAP_S:g} s here, caps it)")
+    parser.add_argument("--live-sizing", action="store_true",
+                        help="size the run as bench live sizes the same regime, workload and "
+                        "seed: its KV pool, agent counts and window, in the simulator's "
+                        "units, the first N agents joined mid-program as live runs join "
+                        "them (not with --blocks, --token-scale or --time-scale)")
     parser.add_argument("--window-s", type=float, help="steady window, simulated seconds")
     parser.add_argument("--warmup-s", type=float, help="warm-up dropped before the window")
     parser.add_argument("--policy", help=f"router-policy YAML for arm ours "
@@ -150,11 +164,58 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         except ValueError as error:
             raise ValueError(f"--background: {error}") from None
         scenario = replace(scenario, background=background)
-    agents = args.agents or sweep_agents(scenario, args.seed)
+    live_agents: list[int] = []
+    if args.live_sizing:
+        scenario, live_agents = live_sized(scenario, args)
+    agents = args.agents or live_agents or sweep_agents(scenario, args.seed)
     ttl = args.ttl_s if args.ttl_s is not None else tool_time_p90(scenario, args.seed)
     return SweepSpec(scenario=scenario, arms=tuple(parse_arms(args.arms)),
                      agents=tuple(agents), seed=args.seed, policy=args.policy, ttl_s=ttl,
                      jobs=args.jobs if args.jobs > 0 else (os.cpu_count() or 1))
+
+
+def live_sized(scenario: Scenario, args: argparse.Namespace) -> tuple[Scenario, list[int]]:
+    """``scenario`` sized as ``bench live`` sizes the same regime, workload and seed, and the
+    agent counts it would run (``--agents`` when given).
+
+    Live runs shrink tokens by the setup's token scale and run the clock at its time scale;
+    in the calibrated regimes a mocker token stands for ``1 / token_scale`` real tokens and
+    a mocker second for ``1 / time_scale`` real seconds, which are the simulator's units, so
+    the pool is the live one over the token scale, the workload at its real size and the
+    window the live one over the time scale. In the cheap-recompute regime the simulator's
+    timing is the mocker's own, so the units are the live ones.
+    """
+    clashing = [flag for flag, value in (("--blocks", args.blocks),
+                                         ("--token-scale", args.token_scale),
+                                         ("--time-scale", args.time_scale)) if value is not None]
+    if clashing:
+        raise ValueError("--live-sizing sizes the pool and the scales as bench live does; "
+                         f"leave out {', '.join(clashing)}")
+    regime = regime_named(scenario.regime)
+    if scenario.trace is not None:
+        workload, trace = "trace", Path(scenario.trace)
+    else:
+        workload, trace = (args.workload if args.workload in SHAPES else regime.workload), None
+    setup = live_setup(scenario.regime, workload=workload, trace=trace)
+    sweep = plan_sweep(workload_shape(setup, args.seed), max_agents=setup.max_agents,
+                       factors=DEFAULT_FACTORS, agents=args.agents,
+                       num_workers=scenario.workers, block_size=scenario.block_size)
+    tokens = setup.token_scale if regime.calibrated else 1.0
+    seconds = setup.time_scale if regime.calibrated else 1.0
+    blocks = round(sweep.num_gpu_blocks / tokens)
+    tier = regime.host_tier
+    changes: dict[str, Any] = {
+        "blocks": blocks,
+        "host_blocks": tier.host_blocks(blocks) if tier is not None else 0,
+        "workload": replace(scenario.workload, token_scale=setup.token_scale / tokens,
+                            time_scale=setup.time_scale / seconds),
+        "warm_start": not scenario.rollout,
+    }
+    if args.window_s is None and not scenario.rollout:
+        changes["window_s"] = DEFAULT_WINDOW_S / seconds
+    if args.warmup_s is None and not scenario.rollout:
+        changes["warmup_s"] = DEFAULT_WARMUP_S / seconds
+    return replace(scenario, **changes), list(sweep.agents)
 
 
 def run_case(argv: Sequence[str]) -> SimFigures:

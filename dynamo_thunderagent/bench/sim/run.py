@@ -26,6 +26,10 @@ Without an explicit list of agent counts N is swept from the capacity
 3x the cluster's KV capacity (workload.md's sweep). The command line that picks a preset and
 overrides its fields is :mod:`~dynamo_thunderagent.bench.sim.command`.
 
+``--live-sizing`` (``command.py``) sizes a scenario as ``bench live`` sizes the same regime,
+workload and seed, in the simulator's units, with the first N agents joined mid-program as
+live runs join them (``Scenario.warm_start``), so the two tools' figures compare run for run.
+
 The same seed gives the same agents to every arm and the same output, byte for byte.
 """
 
@@ -53,6 +57,7 @@ from dynamo_thunderagent.bench.workload import (
     Background,
     WorkloadSpec,
     agent_stream,
+    warm_start,
 )
 
 SWEEP_FACTORS = (0.5, 1.0, 1.5, 2.0, 3.0)
@@ -80,6 +85,9 @@ class Scenario:
     host_copy_s_per_token: float = 0.0
     background: Background | None = None  # other tenants' sessionless requests
     rollout: bool = False  # one batch of N agents run to their end (``simulation.py``)
+    # The first N agents join their programs at a seeded turn, as ``bench live``'s do
+    # (``workload.warm_start``); off, every agent starts at its first turn.
+    warm_start: bool = False
 
     def engine(self) -> EngineConfig:
         return EngineConfig(self.blocks, self.block_size, self.timing, self.max_num_seqs,
@@ -109,6 +117,8 @@ class Scenario:
             del data["background"]
         if not self.rollout:  # and in a closed loop
             del data["rollout"]
+        if not self.warm_start:  # and with every agent from its first turn
+            del data["warm_start"]
         return data
 
 
@@ -186,6 +196,8 @@ def run_one(scenario: Scenario, arm_name: str, agents: int, seed: int,
     plans = scenario.plans(seed)
     if scenario.rollout:  # the batch: the stream's first N, the same in every arm
         plans = islice(plans, agents)
+    elif scenario.warm_start:
+        plans = warm_start(plans, agents, seed)
     sim = Simulation(config, arm, plans)
     return sim.run()
 
@@ -233,6 +245,9 @@ def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
          if s.rollout else
          f"- window: {s.window_s:g} s after {s.warmup_s:g} s warm-up (simulated)")
         + f"; ours: {spec.policy or DEFAULT_POLICY.name}; ttl-pinning TTL {spec.ttl_s:.2f} s",
+        *([] if not s.warm_start else [
+            "- sized as bench live sizes it (--live-sizing): the first N agents join their "
+            "programs at seeded turns"]),
         *([] if s.background is None else [
             f"- other tenants: {s.background.concurrency} loops of sessionless requests, "
             f"{s.background.prompt_tokens} unique prompt and {s.background.output_tokens} "
