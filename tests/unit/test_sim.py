@@ -651,3 +651,17 @@ def test_live_sizing_sizes_a_host_tier_from_the_pool_it_sets() -> None:
     tier = regime_named("tiered").host_tier
     assert tier is not None and s.blocks != regime_scenario("tiered").blocks
     assert s.host_blocks == tier.host_blocks(s.blocks)
+
+
+def test_factors_set_the_agent_counts_and_with_live_sizing_the_pool(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    preset = _spec("--regime", "cheap-recompute")
+    halves = _spec("--regime", "cheap-recompute", "--factors", "1,2")
+    assert preset.agents[1] == halves.agents[0] and preset.agents[3] == halves.agents[1]
+    # bench live --factors 1: the same 24 agents on three times the pool of --factors 3
+    at_1x = _spec("--live-sizing", "--factors", "1", "--agents", "24").scenario
+    at_3x = _spec("--live-sizing", "--agents", "24").scenario
+    assert at_1x.blocks == pytest.approx(3 * at_3x.blocks, rel=0.01)
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "sim", "--factors", "1,0"])
+    assert "expected numbers > 0, got '1,0'" in capsys.readouterr().err

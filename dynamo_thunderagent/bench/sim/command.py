@@ -31,6 +31,7 @@ from dynamo_thunderagent.bench.regimes import REGIMES, regime_named
 from dynamo_thunderagent.bench.shapes import SHAPES, shape_token_factor
 from dynamo_thunderagent.bench.sim.arms import ARM_NAMES, DEFAULT_POLICY, build_arm, parse_arms
 from dynamo_thunderagent.bench.sim.run import (
+    SWEEP_FACTORS,
     Scenario,
     SweepSpec,
     markdown,
@@ -63,6 +64,17 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _factors(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") \
+            from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected numbers > 0, got {text!r}")
+    return values
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``bench sim`` flags; every scenario flag defaults to the regime's preset."""
     parser.add_argument("--regime", choices=sorted(REGIMES), default="calibrated",
@@ -71,6 +83,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated arms (default {','.join(ARM_NAMES)})")
     parser.add_argument("--agents", type=_ints, default=None,
                         help="comma-separated N values (default: 0.5x-3x the KV capacity)")
+    parser.add_argument("--factors", type=_factors, default=None,
+                        help="without --agents, N values whose mean peak contexts add up to "
+                        "these multiples of the KV capacity (default 0.5,1,1.5,2,3; with "
+                        "--live-sizing bench live's, 0.5,1,2,3, and the largest sizes the "
+                        "pool, as in bench live)")
     parser.add_argument("--workers", type=int, help="workers (preset: 2)")
     parser.add_argument("--blocks", type=int, help="KV blocks per worker")
     parser.add_argument("--block-size", type=int, help="tokens per KV block")
@@ -167,7 +184,8 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     live_agents: list[int] = []
     if args.live_sizing:
         scenario, live_agents = live_sized(scenario, args)
-    agents = args.agents or live_agents or sweep_agents(scenario, args.seed)
+    agents = args.agents or live_agents or sweep_agents(scenario, args.seed,
+                                                        args.factors or SWEEP_FACTORS)
     ttl = args.ttl_s if args.ttl_s is not None else tool_time_p90(scenario, args.seed)
     return SweepSpec(scenario=scenario, arms=tuple(parse_arms(args.arms)),
                      agents=tuple(agents), seed=args.seed, policy=args.policy, ttl_s=ttl,
@@ -198,7 +216,7 @@ def live_sized(scenario: Scenario, args: argparse.Namespace) -> tuple[Scenario, 
         workload, trace = (args.workload if args.workload in SHAPES else regime.workload), None
     setup = live_setup(scenario.regime, workload=workload, trace=trace)
     sweep = plan_sweep(workload_shape(setup, args.seed), max_agents=setup.max_agents,
-                       factors=DEFAULT_FACTORS, agents=args.agents,
+                       factors=args.factors or DEFAULT_FACTORS, agents=args.agents,
                        num_workers=scenario.workers, block_size=scenario.block_size)
     tokens = setup.token_scale if regime.calibrated else 1.0
     seconds = setup.time_scale if regime.calibrated else 1.0
