@@ -665,3 +665,12 @@ def test_factors_set_the_agent_counts_and_with_live_sizing_the_pool(
     with pytest.raises(SystemExit):
         cli.main(["bench", "sim", "--factors", "1,0"])
     assert "expected numbers > 0, got '1,0'" in capsys.readouterr().err
+
+
+def test_live_sizing_checks_other_tenants_requests_against_the_pool_it_sets() -> None:
+    # 200k tokens fit the preset worker (262k tokens) but not the SWE trace's live pool
+    live_pool = _spec("--live-sizing", "--agents", "2").scenario.capacity_tokens // 2
+    assert live_pool < 200_000 < regime_scenario("calibrated").capacity_tokens // 2
+    _spec("--background", "1:200000:8", "--agents", "2")
+    with pytest.raises(ValueError, match="--background: background requests of 200000 prompt"):
+        _spec("--live-sizing", "--background", "1:200000:8", "--agents", "2")

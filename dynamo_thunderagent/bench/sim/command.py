@@ -174,6 +174,9 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         workload = replace(workload, time_scale=args.time_scale)
     workload.validate()
     scenario = replace(scenario, workload=workload, **overrides)
+    live_agents: list[int] = []
+    if args.live_sizing:  # before anything that reads the pool
+        scenario, live_agents = live_sized(scenario, args)
     if args.background is not None:
         background = Background.parse(args.background)
         try:
@@ -181,9 +184,6 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         except ValueError as error:
             raise ValueError(f"--background: {error}") from None
         scenario = replace(scenario, background=background)
-    live_agents: list[int] = []
-    if args.live_sizing:
-        scenario, live_agents = live_sized(scenario, args)
     agents = args.agents or live_agents or sweep_agents(scenario, args.seed,
                                                         args.factors or SWEEP_FACTORS)
     ttl = args.ttl_s if args.ttl_s is not None else tool_time_p90(scenario, args.seed)
