@@ -587,7 +587,9 @@ def test_live_sizing_gives_the_pool_agents_and_window_bench_live_runs_in_real_un
     assert spec.agents == sweep.agents
     assert s.workload.token_scale == pytest.approx(1.0)
     assert s.workload.time_scale == pytest.approx(1.0)
-    assert (s.window_s, s.warmup_s) == (config.window_s / 0.25, config.warmup_s / 0.25)
+    # live's window includes its warm-up; the simulator's window follows it
+    assert (s.window_s, s.warmup_s) == ((config.window_s - config.warmup_s) / 0.25,
+                                        config.warmup_s / 0.25)
     assert s.warm_start and s.describe()["warm_start"] is True
     # the agents bench live starts, joined at the same turns, their prompts in real tokens
     n = sweep.agents[-1]

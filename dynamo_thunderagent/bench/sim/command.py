@@ -230,7 +230,8 @@ def live_sized(scenario: Scenario, args: argparse.Namespace) -> tuple[Scenario, 
         "warm_start": not scenario.rollout,
     }
     if args.window_s is None and not scenario.rollout:
-        changes["window_s"] = DEFAULT_WINDOW_S / seconds
+        # live's window is the whole run, warm-up included; the simulator's follows it
+        changes["window_s"] = (DEFAULT_WINDOW_S - DEFAULT_WARMUP_S) / seconds
     if args.warmup_s is None and not scenario.rollout:
         changes["warmup_s"] = DEFAULT_WARMUP_S / seconds
     return replace(scenario, **changes), list(sweep.agents)
