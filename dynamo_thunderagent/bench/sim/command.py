@@ -53,26 +53,27 @@ ROLLOUT_CAP_S = 86_400.0
 here (the longest, real Claude Code sessions, end within two hours)."""
 
 
-def _ints(text: str) -> list[int]:
+def _values(text: str, convert: type[int] | type[float], kind: str, rule: str,
+            minimum: float, strict: bool) -> list[Any]:
+    """A comma-separated list of ``convert`` values, each at least ``minimum`` (above it if
+    ``strict``); ArgumentTypeError naming ``kind`` and ``rule`` otherwise."""
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        values = [convert(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind}, got {text!r}") \
             from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    if not values or not all(v > minimum if strict else v >= minimum for v in values):
+        raise argparse.ArgumentTypeError(f"expected {kind} {rule}, got {text!r}")
     return values
+
+
+def _ints(text: str) -> list[int]:
+    return _values(text, int, "integers", ">= 1", 1, strict=False)
 
 
 def _factors(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") \
-            from None
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"expected numbers > 0, got {text!r}")
-    return values
+    # all(v > 0) rather than min(v) > 0 also refuses nan
+    return _values(text, float, "numbers", "> 0", 0.0, strict=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
