@@ -157,6 +157,7 @@ from dynamo_thunderagent.bench.live_sweep import (
     DEFAULT_WINDOW_S,
     QUICK_ARMS,
     QUICK_FACTORS,
+    ROLLOUT_CAP_S,
     WORKLOADS,
     ArmSpec,
     RegimeSetup,
@@ -177,10 +178,6 @@ from dynamo_thunderagent.bench.runner import (
 )
 from dynamo_thunderagent.bench.workload import Background
 from dynamo_thunderagent.policy_files import POLICY_CLOCKS, policy_on_clock, policy_with_host_tier
-
-ROLLOUT_CAP_S = 600.0
-"""``--rollout``'s cap without ``--window``, in the run's seconds; a run it cuts reports no
-makespan."""
 
 # ============================================================================================
 # Progress

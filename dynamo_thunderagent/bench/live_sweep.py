@@ -39,6 +39,9 @@ DEFAULT_FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0)
 QUICK_FACTORS: tuple[float, ...] = (1.0, 3.0)
 DEFAULT_WINDOW_S = 40.0  # seconds of turns per run, on the wall clock
 DEFAULT_WARMUP_S = 10.0  # of which the first are dropped
+ROLLOUT_CAP_S = 600.0
+"""``--rollout``'s cap without ``--window``, in the run's seconds; a run it cuts reports no
+makespan."""
 SAMPLE_AGENTS = 256  # synthetic plans sampled to size the capacity
 
 

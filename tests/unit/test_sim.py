@@ -16,6 +16,7 @@ import pytest
 from dynamo_thunderagent import cli
 from dynamo_thunderagent.bench.ablations import ABLATION_DIR
 from dynamo_thunderagent.bench.regimes import regime_named
+from dynamo_thunderagent.bench.sim import command as sim_command
 from dynamo_thunderagent.bench.sim.arms import (
     UPSTREAM_PARAMETERS,
     ProgramArm,
@@ -670,10 +671,35 @@ def test_factors_set_the_agent_counts_and_with_live_sizing_the_pool(
         assert f"expected numbers > 0, got '{bad}'" in capsys.readouterr().err
 
 
-def test_live_sizing_checks_other_tenants_requests_against_the_pool_it_sets() -> None:
-    # 200k tokens fit the preset worker (262k tokens) but not the SWE trace's live pool
+def test_live_sizing_takes_other_tenants_tokens_in_lives_units_and_checks_its_pool() -> None:
+    # bench live --background counts mocker tokens: one stands for 10 real ones when calibrated
+    s = _spec("--live-sizing", "--background", "3:800:64", "--agents", "2").scenario
+    assert s.background == Background(3, 8000, 640)
+    cheap = _spec("--regime", "cheap-recompute", "--live-sizing", "--background", "3:800:64",
+                  "--agents", "2").scenario
+    assert cheap.background == Background(3, 800, 64)
+    # 200k real tokens fit the preset worker (262k tokens) but not the SWE trace's live pool
     live_pool = _spec("--live-sizing", "--agents", "2").scenario.capacity_tokens // 2
     assert live_pool < 200_000 < regime_scenario("calibrated").capacity_tokens // 2
     _spec("--background", "1:200000:8", "--agents", "2")
     with pytest.raises(ValueError, match="--background: background requests of 200000 prompt"):
-        _spec("--live-sizing", "--background", "1:200000:8", "--agents", "2")
+        _spec("--live-sizing", "--background", "1:20000:8", "--agents", "2")
+
+
+def test_live_sizing_caps_a_rollout_at_lives_cap_and_says_it_was_live_sized() -> None:
+    from dynamo_thunderagent.bench.live_sweep import ROLLOUT_CAP_S
+
+    spec = _spec("--live-sizing", "--rollout", "--agents", "2")
+    s = spec.scenario
+    assert s.window_s == ROLLOUT_CAP_S / 0.25 and s.warmup_s == 0.0 and not s.warm_start
+    assert s.describe()["live_sized"] is True and "warm_start" not in s.describe()
+    assert "live_sized" not in regime_scenario("calibrated").describe()
+    text = markdown(replace(spec, agents=()), [])
+    assert "- sized as bench live sizes it (--live-sizing)\n" in text
+    assert "join their programs" not in text
+    assert _spec("--rollout", "--agents", "2").scenario.window_s == sim_command.ROLLOUT_CAP_S
+
+
+def test_factors_and_agents_together_are_refused_without_live_sizing() -> None:
+    with pytest.raises(ValueError, match="--factors picks the agent counts and --agents"):
+        _spec("--factors", "1,2", "--agents", "4")

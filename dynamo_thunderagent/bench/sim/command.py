@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dynamo_thunderagent.bench import live_sweep
 from dynamo_thunderagent.bench.live_sweep import (
     DEFAULT_FACTORS,
     DEFAULT_WARMUP_S,
@@ -107,7 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--background", metavar="C[:P:O]",
                         help="other tenants' traffic beside the agents: C loops of requests "
                         "without a session id, P unique prompt and O output tokens each "
-                        "(default 800 and 64), back to back, as bench live --background")
+                        "(default 800 and 64), back to back, as bench live --background "
+                        "(with --live-sizing P and O are live's mocker tokens, as there)")
     parser.add_argument("--rollout", action="store_true",
                         help="one batch: N agents start together and run to their end, as an "
                              "RL rollout does; reports its makespan and run times (the window, "
@@ -175,16 +177,19 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         workload = replace(workload, time_scale=args.time_scale)
     workload.validate()
     scenario = replace(scenario, workload=workload, **overrides)
+    if args.factors is not None and args.agents and not args.live_sizing:
+        raise ValueError("--factors picks the agent counts and --agents names them; give "
+                         "one (with --live-sizing, --factors also sizes the pool)")
+    if args.background is not None:
+        scenario = replace(scenario, background=Background.parse(args.background))
     live_agents: list[int] = []
     if args.live_sizing:  # before anything that reads the pool
         scenario, live_agents = live_sized(scenario, args)
-    if args.background is not None:
-        background = Background.parse(args.background)
+    if scenario.background is not None:
         try:
-            check_background_fits(background, scenario.engine())
+            check_background_fits(scenario.background, scenario.engine())
         except ValueError as error:
             raise ValueError(f"--background: {error}") from None
-        scenario = replace(scenario, background=background)
     agents = args.agents or live_agents or sweep_agents(scenario, args.seed,
                                                         args.factors or SWEEP_FACTORS)
     ttl = args.ttl_s if args.ttl_s is not None else tool_time_p90(scenario, args.seed)
@@ -202,7 +207,9 @@ def live_sized(scenario: Scenario, args: argparse.Namespace) -> tuple[Scenario, 
     a mocker second for ``1 / time_scale`` real seconds, which are the simulator's units, so
     the pool is the live one over the token scale, the workload at its real size and the
     window the live one over the time scale. In the cheap-recompute regime the simulator's
-    timing is the mocker's own, so the units are the live ones.
+    timing is the mocker's own, so the units are the live ones. Other tenants' prompt and
+    output tokens (``--background``) are live's mocker tokens, and a rollout's cap is live's
+    over the time scale.
     """
     clashing = [flag for flag, value in (("--blocks", args.blocks),
                                          ("--token-scale", args.token_scale),
@@ -229,8 +236,16 @@ def live_sized(scenario: Scenario, args: argparse.Namespace) -> tuple[Scenario, 
         "workload": replace(scenario.workload, token_scale=setup.token_scale / tokens,
                             time_scale=setup.time_scale / seconds),
         "warm_start": not scenario.rollout,
+        "live_sized": True,
     }
-    if args.window_s is None and not scenario.rollout:
+    if scenario.background is not None:  # given in live's (mocker) tokens
+        changes["background"] = replace(
+            scenario.background,
+            prompt_tokens=max(1, round(scenario.background.prompt_tokens / tokens)),
+            output_tokens=max(1, round(scenario.background.output_tokens / tokens)))
+    if scenario.rollout and args.window_s is None:  # live's cap, not a simulated day
+        changes["window_s"] = live_sweep.ROLLOUT_CAP_S / seconds
+    elif args.window_s is None:
         # live's window is the whole run, warm-up included; the simulator's follows it
         changes["window_s"] = (DEFAULT_WINDOW_S - DEFAULT_WARMUP_S) / seconds
     if args.warmup_s is None and not scenario.rollout:

@@ -88,6 +88,7 @@ class Scenario:
     # The first N agents join their programs at a seeded turn, as ``bench live``'s do
     # (``workload.warm_start``); off, every agent starts at its first turn.
     warm_start: bool = False
+    live_sized: bool = False  # sized by ``--live-sizing`` (``command.live_sized``)
 
     def engine(self) -> EngineConfig:
         return EngineConfig(self.blocks, self.block_size, self.timing, self.max_num_seqs,
@@ -119,6 +120,8 @@ class Scenario:
             del data["rollout"]
         if not self.warm_start:  # and with every agent from its first turn
             del data["warm_start"]
+        if not self.live_sized:  # and sized by its own flags
+            del data["live_sized"]
         return data
 
 
@@ -245,9 +248,10 @@ def markdown(spec: SweepSpec, results: Sequence[SimFigures]) -> str:
          if s.rollout else
          f"- window: {s.window_s:g} s after {s.warmup_s:g} s warm-up (simulated)")
         + f"; ours: {spec.policy or DEFAULT_POLICY.name}; ttl-pinning TTL {spec.ttl_s:.2f} s",
-        *([] if not s.warm_start else [
-            "- sized as bench live sizes it (--live-sizing): the first N agents join their "
-            "programs at seeded turns"]),
+        *([] if not s.live_sized else [
+            "- sized as bench live sizes it (--live-sizing)"
+            + (": the first N agents join their programs at seeded turns"
+               if s.warm_start else "")]),
         *([] if s.background is None else [
             f"- other tenants: {s.background.concurrency} loops of sessionless requests, "
             f"{s.background.prompt_tokens} unique prompt and {s.background.output_tokens} "
