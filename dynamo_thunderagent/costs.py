@@ -225,3 +225,23 @@ def cost_model(pause_min_recompute_ratio: float | None) -> CostModel:
     if pause_min_recompute_ratio is None:
         return PauseAlwaysPays()
     return MeasuredRecompute(pause_min_recompute_ratio)
+
+
+def carry_costs(old: CostModel, ratio: float | None) -> CostModel:
+    """The cost model for ``ratio`` that keeps what ``old`` measured of the engine.
+
+    The meter (its prefill samples and smoothed decode time) moves over as it is; a measured
+    model also keeps the costs it was told or had measured.
+    """
+    inner = old.inner if isinstance(old, HostTierCosts) else old
+    meter = inner.meter if isinstance(inner, (PauseAlwaysPays, MeasuredRecompute)) else None
+    new = cost_model(ratio)
+    if meter is not None and isinstance(new, (PauseAlwaysPays, MeasuredRecompute)):
+        new.meter = meter
+    if isinstance(new, MeasuredRecompute):
+        if isinstance(inner, MeasuredRecompute):
+            new.costs = inner.costs
+        elif (meter is not None and meter.prefill_seconds_per_token is not None
+              and meter.decode_seconds is not None):
+            new.costs = EngineCosts(meter.prefill_seconds_per_token, meter.decode_seconds)
+    return new

@@ -30,6 +30,7 @@ nothing. Parity, with the extensions that change one ingredient each:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from dynamo_thunderagent.capacity import Capacity
@@ -203,6 +204,33 @@ class ResumePlanner:
         """Deferred at least ``max_wait_seconds`` (aging on)."""
         return (self.max_wait is not None and program.deferred_since is not None
                 and now - program.deferred_since >= self.max_wait)
+
+    def aged_room(self, waiting: Iterable[Program], table: ProgramTable, capacity: Capacity,
+                  now: float) -> Iterator[tuple[WorkerKey, float]]:
+        """Where the turns in ``waiting`` that have waited ``max_wait_seconds`` go to make
+        room for (``aging_makes_room``), oldest first: each rank with the resume-level room
+        its programs must leave there, this pass's earlier bookings counted. An aged turn
+        goes home or, where home cannot take it, to the rank with the most left (usage
+        counted); where no rank can take the oldest such turn, none from it on is booked
+        (the resume pass holds everything behind it back anyway). Lazy: each booking reads
+        the usage that the pauses made for the earlier ones left."""
+        known = capacity.known
+        booked: dict[WorkerKey, float] = {}
+
+        def left(worker: WorkerKey) -> float:  # resume-level room for aged turns still
+            return known[worker] * self.level - booked.get(worker, 0.0)
+
+        aged = sorted((p for p in waiting if self.aged(p, now)),
+                      key=lambda p: (p.deferred_since or 0.0, p.seq))
+        for program in aged:
+            need = self.need(program, capacity)
+            worker = program.worker
+            if worker is None or worker not in known or need > left(worker):
+                worker = max(known, key=lambda w: (left(w) - table.usage(w), _neg(w)))
+                if need > left(worker):
+                    break  # no rank can take it this pass, even with every program gone
+            booked[worker] = booked.get(worker, 0.0) + need
+            yield worker, left(worker)
 
     def order(self, program: Program, now: float) -> tuple[int, float, int]:
         if self.aged(program, now):

@@ -12,9 +12,12 @@ the resume planner (:mod:`~dynamo_thunderagent.resume`: who comes back, and
 where programs run). This module applies their plans and owns every state
 change, and says why it took each step where it takes it (``Decisions.steps``,
 ``Reject.limit``): only there is the reason known. It is longer than most
-(about 1,000 lines) because admission, the four lifecycle events and the tick are
-one algorithm that reads best top to bottom (sessionless traffic's bookkeeping and the
-cache-loss verdicts it feeds included).
+(about 950 lines) because admission, the four lifecycle events, pause/resume and the
+tick are one algorithm that reads best top to bottom; what is not part of it lives
+beside it: the ledger of traffic no program owns (:mod:`~dynamo_thunderagent.sessionless`),
+where aged turns make room (the planner's ``aged_room``), carrying measured costs across
+a reload (``costs.carry_costs``) and the state as plain data
+(:mod:`~dynamo_thunderagent.snapshot`).
 The seams are rebuilt, and everything else kept, when a policy reload brings new
 parameters (:meth:`Scheduler.reconfigure`).
 
@@ -31,7 +34,7 @@ Invariants the property tests check after every step:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from dynamo_thunderagent.cache_loss import (
@@ -46,9 +49,8 @@ from dynamo_thunderagent.costs import (
     CostModel,
     EngineCosts,
     HostTierCosts,
-    MeasuredRecompute,
-    PauseAlwaysPays,
     TurnTiming,
+    carry_costs,
     cost_model,
 )
 from dynamo_thunderagent.decisions import (
@@ -75,7 +77,8 @@ from dynamo_thunderagent.program import (
 )
 from dynamo_thunderagent.program_table import ProgramTable
 from dynamo_thunderagent.resume import ResumePlanner
-from dynamo_thunderagent.snapshot import snapshot
+from dynamo_thunderagent.sessionless import SessionlessTraffic
+from dynamo_thunderagent.snapshot import scheduler_snapshot
 
 __all__ = ["Decisions", "Reject", "Release", "Scheduler"]
 
@@ -104,9 +107,8 @@ class Scheduler:
                          "aging_marks_cleared": 0, "sessionless_untracked": 0,
                          "empty_rank_moves": 0}
         # Requests without a session id running now, and their prompt tokens per rank
-        # (``sessionless_kv``); at most max_tracked_requests of them are kept.
-        self._sessionless: dict[str, tuple[WorkerKey, int]] = {}
-        self._sessionless_by_rank: dict[WorkerKey, int] = {}
+        # (``sessionless_kv``); at most max_tracked_requests of them are followed.
+        self.sessionless = SessionlessTraffic()
         # acting_yield_factor's horizon in seconds (None: off or not measured; _set_hold).
         self.yield_seconds: float | None = None
         # PAUSED programs whose turn waits for room: the only programs that hold a new
@@ -144,11 +146,11 @@ class Scheduler:
         self.usage_model = _usage_model(params)
         self.table.set_usage_model(self.usage_model)
         old_costs = self.costs
-        self._build_seams(params, _carry_costs(old_costs, params.pause_min_recompute_ratio))
+        self._build_seams(params, carry_costs(old_costs, params.pause_min_recompute_ratio))
         self.idle.reconfigure(factor=params.idle_horizon_factor,
                               minimum=params.idle_horizon_min_seconds,
                               maximum=params.session_retention_seconds)
-        for worker in self._sessionless_by_rank:
+        for worker in self.sessionless.tokens:
             self._reserve(worker)
         self._set_hold()
         # Over the pools as the new reservations leave them.
@@ -601,29 +603,22 @@ class Scheduler:
         tokens. With ``sessionless_kv: reserve`` its rank's capacity is that much less
         until :meth:`sessionless_ended` (the pause rule acts on it at the next tick).
         Beyond max_tracked_requests such requests are counted, not followed."""
-        if tokens <= 0 or request_id in self._sessionless:
+        if tokens <= 0 or request_id in self.sessionless:
             return Decisions()
-        if len(self._sessionless) >= self.params.max_tracked_requests:
+        if self.sessionless.started(request_id, worker, tokens,
+                                    self.params.max_tracked_requests):
+            self._reserve(worker)
+        else:
             self.counters["sessionless_untracked"] += 1
-            return Decisions()
-        self._sessionless[request_id] = (worker, tokens)
-        self._sessionless_by_rank[worker] = self._sessionless_by_rank.get(worker, 0) + tokens
-        self._reserve(worker)
         return Decisions()
 
     def sessionless_ended(self, request_id: str, now: float) -> Decisions:
         """That request ended (any way): its room is back, and waiting programs may use
         it at once (``resume_on_events``). Unknown ids are ignored."""
         d = Decisions()
-        entry = self._sessionless.pop(request_id, None)
-        if entry is None:
+        worker = self.sessionless.ended(request_id)
+        if worker is None:
             return d
-        worker, tokens = entry
-        left = self._sessionless_by_rank[worker] - tokens
-        if left > 0:
-            self._sessionless_by_rank[worker] = left
-        else:
-            del self._sessionless_by_rank[worker]
         self._reserve(worker)
         if self.params.sessionless_kv == "reserve":
             self._room_appeared(now, d)
@@ -632,19 +627,14 @@ class Scheduler:
     @property
     def sessionless_tokens(self) -> Mapping[WorkerKey, int]:
         """Prompt tokens of the requests without a session id running now, per rank."""
-        return self._sessionless_by_rank
+        return self.sessionless.tokens
 
     def _reserve(self, worker: WorkerKey) -> None:
         """Take what sessionless requests hold on ``worker`` off its capacity, as far as
         the policy says (``sessionless_kv``, ``sessionless_kv_full_loss``)."""
-        held = (self._sessionless_by_rank.get(worker, 0)
-                if self.params.sessionless_kv == "reserve" else 0)
-        scale = self.params.sessionless_kv_full_loss
-        if held and scale is not None:
-            loss = self.cache_loss.loss_ratio(worker)
-            if loss is not None:
-                held = int(held * min(1.0, loss / scale))
-        self.capacity.reserve(worker, held)
+        self.capacity.reserve(worker, self.sessionless.reserved(
+            worker, self.params.sessionless_kv, self.params.sessionless_kv_full_loss,
+            self.cache_loss.loss_ratio(worker)))
 
     def _advance(self, program: Program, now: float, d: Decisions) -> None:
         """Start the session's next turn, end it if only session-final is left, or else
@@ -802,7 +792,7 @@ class Scheduler:
         self._sweep(now, d)
         self._set_hold()
         if self.params.sessionless_kv_full_loss is not None:
-            for worker in self._sessionless_by_rank:  # the engine's loss moved since
+            for worker in self.sessionless.tokens:  # the engine's loss moved since
                 self._reserve(worker)
         self.idle.find_dormant(now)
         self.resume_waiting(now, d)
@@ -907,35 +897,16 @@ class Scheduler:
 
     def _make_room_for_aged(self, now: float, d: Decisions) -> bool:
         """``aging_makes_room``, after a resume pass: room for the turns it left waiting
-        that have waited ``max_wait_seconds``, oldest first, each on its home rank or, where
-        home cannot take it this tick, on the rank with the most left (usage and this
-        tick's earlier bookings counted). The pause rule pauses and marks programs there
-        until the turn fits below the resume level. Where no rank can take the oldest such
-        turn this tick, nobody is paused for it or for the younger ones (the resume pass
-        holds everything behind it back anyway). True if a program was paused or marked."""
+        that have waited ``max_wait_seconds``, on the ranks the planner books for them
+        (:meth:`~dynamo_thunderagent.resume.ResumePlanner.aged_room`). The pause rule
+        pauses and marks programs there until the turn fits below the resume level. True
+        if a program was paused or marked."""
         if not self.params.aging_makes_room or not self._deferred or not self.capacity.known:
             return False
-        known = self.capacity.known
-        level = self.planner.level
-        booked: dict[WorkerKey, float] = {}
-
-        def left(worker: WorkerKey) -> float:  # resume-level room for aged turns still
-            return known[worker] * level - booked.get(worker, 0.0)
-
         acted = False
-        aged = sorted((p for p in self._deferred.values() if self.planner.aged(p, now)),
-                      key=lambda p: (p.deferred_since or 0.0, p.seq))
-        for program in aged:
-            need = self.planner.need(program, self.capacity)
-            worker = program.worker
-            if worker is None or worker not in known or need > left(worker):
-                worker = max(known, key=lambda w: (left(w) - self.table.usage(w),
-                                                   -w.worker_id, -w.dp_rank))
-                if need > left(worker):
-                    break  # no rank can take it this tick, even with every program gone
-            booked[worker] = booked.get(worker, 0.0) + need
-            plan = self.pause_rule.make_room(self.table, worker, left(worker), now,
-                                             self.batch)
+        for worker, room in self.planner.aged_room(self._deferred.values(), self.table,
+                                                   self.capacity, now):
+            plan = self.pause_rule.make_room(self.table, worker, room, now, self.batch)
             for victim in plan.pause:
                 self.counters["aging_pauses"] += 1
                 self._pause(victim, now, d, aging=True)
@@ -977,33 +948,14 @@ class Scheduler:
             d.marked.append(program.session_id)
 
     # ---- introspection ---------------------------------------------------------
+    @property
+    def waiting_turns(self) -> Iterable[Program]:
+        """The paused programs whose turn waits for room (read only)."""
+        return self._deferred.values()
+
     def snapshot(self, now: float) -> dict[str, object]:
         """Plain-data view of the state, for the router's /state and for tests."""
-        state = snapshot(self.table, self.capacity, self.idle, self.counters, self.costs,
-                         len(self._deferred), now)
-        state["parameters"] = self.params.model_dump()
-        state["cache_loss"] = self.cache_loss.snapshot()
-        state["resume_loss"] = self.resume_loss.snapshot("resume_loss_ratio")
-        state["keeping_paused"] = sorted(
-            str(w) for w in self.capacity.known if self.keeps_paused(w))
-        state["acting_hold_seconds"] = self.usage_model.hold_seconds
-        # Prompt tokens of requests without a session id running now, per rank, and how
-        # many tokens come off its capacity for them (sessionless_kv, *_full_loss).
-        state["sessionless_tokens"] = {str(w): t for w, t in self.sessionless_tokens.items()}
-        state["sessionless_reserved_tokens"] = {
-            str(w): self.capacity.taken_off(w) for w in self._sessionless_by_rank}
-        state["acting_yield_seconds"] = self.yield_seconds
-        # The turns waiting for room, longest wait first (what `top` shows as the queue).
-        state["deferred"] = [
-            {"session_id": p.session_id, "tokens": p.tokens, "phase": p.phase.value,
-             "worker": None if p.worker is None else str(p.worker),
-             "waited_seconds": max(0.0, now - p.deferred_since)}
-            for p in sorted(self._deferred.values(),
-                            key=lambda p: (p.deferred_since or now, p.seq))
-            if p.deferred_since is not None
-        ]
-        return state
-
+        return scheduler_snapshot(self, now)
 
 
 def _step(d: Decisions, kind: EventKind, program: Program, worker: WorkerKey | None,
@@ -1018,24 +970,3 @@ def _usage_model(params: ThunderAgentParameters) -> UsageModel:
         acting_decay_tau_seconds=params.acting_decay_tau_seconds,
         buffer_per_program=params.buffer_per_program,
     )
-
-
-def _carry_costs(old: CostModel, ratio: float | None) -> CostModel:
-    """The cost model for ``ratio`` that keeps what ``old`` measured of the engine.
-
-    The meter (its prefill samples and smoothed decode time) moves over as it is; a measured
-    model also keeps the costs it was told or had measured.
-    """
-    inner = old.inner if isinstance(old, HostTierCosts) else old
-    meter = inner.meter if isinstance(inner, (PauseAlwaysPays, MeasuredRecompute)) else None
-    new = cost_model(ratio)
-    if meter is not None and isinstance(new, (PauseAlwaysPays, MeasuredRecompute)):
-        new.meter = meter
-    if isinstance(new, MeasuredRecompute):
-        if isinstance(inner, MeasuredRecompute):
-            new.costs = inner.costs
-        elif (meter is not None and meter.prefill_seconds_per_token is not None
-              and meter.decode_seconds is not None):
-            new.costs = EngineCosts(meter.prefill_seconds_per_token, meter.decode_seconds)
-    return new
-

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from dynamo_thunderagent.capacity import Capacity
 from dynamo_thunderagent.costs import CostModel
 from dynamo_thunderagent.idle import IdlePrograms
 from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.program_table import ProgramTable
+
+if TYPE_CHECKING:
+    from dynamo_thunderagent.scheduler import Scheduler
 
 
 def snapshot(table: ProgramTable, capacity: Capacity, idle: IdlePrograms,
@@ -51,3 +55,31 @@ def snapshot(table: ProgramTable, capacity: Capacity, idle: IdlePrograms,
         "counters": dict(counters),
         "costs": costs.describe(),
     }
+
+
+def scheduler_snapshot(scheduler: Scheduler, now: float) -> dict[str, object]:
+    """Plain-data view of ``scheduler`` at ``now``: its parts (:func:`snapshot`), its
+    parameters, what it measured of the engines and the turns waiting for room."""
+    s = scheduler
+    waiting = list(s.waiting_turns)
+    state = snapshot(s.table, s.capacity, s.idle, s.counters, s.costs, len(waiting), now)
+    state["parameters"] = s.params.model_dump()
+    state["cache_loss"] = s.cache_loss.snapshot()
+    state["resume_loss"] = s.resume_loss.snapshot("resume_loss_ratio")
+    state["keeping_paused"] = sorted(str(w) for w in s.capacity.known if s.keeps_paused(w))
+    state["acting_hold_seconds"] = s.usage_model.hold_seconds
+    # Prompt tokens of requests without a session id running now, per rank, and how many
+    # tokens come off its capacity for them (sessionless_kv, *_full_loss).
+    held = s.sessionless_tokens
+    state["sessionless_tokens"] = {str(w): t for w, t in held.items()}
+    state["sessionless_reserved_tokens"] = {str(w): s.capacity.taken_off(w) for w in held}
+    state["acting_yield_seconds"] = s.yield_seconds
+    # The turns waiting for room, longest wait first (what `top` shows as the queue).
+    state["deferred"] = [
+        {"session_id": p.session_id, "tokens": p.tokens, "phase": p.phase.value,
+         "worker": None if p.worker is None else str(p.worker),
+         "waited_seconds": max(0.0, now - p.deferred_since)}
+        for p in sorted(waiting, key=lambda p: (p.deferred_since or now, p.seq))
+        if p.deferred_since is not None
+    ]
+    return state
