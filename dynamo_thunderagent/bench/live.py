@@ -164,6 +164,7 @@ from dynamo_thunderagent.bench.live_sweep import (
     RunKey,
     SweepPlan,
     batch_plans,
+    comma_separated,
     interleave,
     live_setup,
     parse_arms,
@@ -604,14 +605,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "P=800, O=64, mocker tokens), which no program-aware router tracks")
 
 
-def _floats(text: str, what: str) -> tuple[float, ...]:
+def _listed(flag: str, text: str, convert: type[int] | type[float], kind: str, rule: str,
+            minimum: float, *, strict: bool) -> list[Any]:
     try:
-        values = tuple(float(x) for x in text.split(",") if x.strip())
+        return comma_separated(text, convert, kind, rule, minimum, strict=strict)
     except ValueError as error:
-        raise ValueError(f"{what}: {error}") from error
-    if not values:
-        raise ValueError(f"{what}: empty")
-    return values
+        raise ValueError(f"{flag}: {error}") from None
 
 
 def config_from_args(args: argparse.Namespace) -> LiveConfig:
@@ -622,11 +621,13 @@ def config_from_args(args: argparse.Namespace) -> LiveConfig:
     arms = parse_arms(arms_text, args.arm_policy, ours_policy=args.policy,
                       builtin_policy=args.builtin_policy)  # fmt: skip
     repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
-    factors = _floats(args.factors, "--factors") if args.factors else (
+    factors = tuple(_listed("--factors", args.factors, float, "numbers", "> 0", 0.0,
+                            strict=True)) if args.factors else (
         QUICK_FACTORS if quick else DEFAULT_FACTORS)  # fmt: skip
     agents = None
     if args.agents:
-        agents = tuple(int(x) for x in _floats(args.agents, "--agents"))
+        agents = tuple(_listed("--agents", args.agents, int, "integers", ">= 1", 1,
+                               strict=False))
     window = args.window if args.window is not None else (
         ROLLOUT_CAP_S if args.rollout else 30.0 if quick else DEFAULT_WINDOW_S)
     warmup = args.warmup if args.warmup is not None else (
@@ -636,10 +637,6 @@ def config_from_args(args: argparse.Namespace) -> LiveConfig:
                          "start")
     if repeats < 1:
         raise ValueError("--repeats must be >= 1")
-    if any(f <= 0 for f in factors):
-        raise ValueError("--factors must be > 0")
-    if agents is not None and min(agents) < 1:
-        raise ValueError("--agents must be >= 1")
     if not 0 <= warmup < window:
         raise ValueError(f"--warmup must be in [0, --window), got {warmup}")
     if args.drain < 0 or args.request_timeout <= 0 or args.workers < 1:

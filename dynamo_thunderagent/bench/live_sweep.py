@@ -45,6 +45,22 @@ makespan."""
 SAMPLE_AGENTS = 256  # synthetic plans sampled to size the capacity
 
 
+def comma_separated(text: str, convert: type[int] | type[float], kind: str, rule: str,
+                    minimum: float, *, strict: bool) -> list[Any]:
+    """The comma-separated ``convert`` values of ``text`` (``--agents``, ``--factors`` of
+    both ``bench live`` and ``bench sim``), each at least ``minimum`` (above it if
+    ``strict``) and finite; ValueError naming ``kind`` and ``rule`` otherwise ("2.5" is no
+    integer, and nan fails every comparison)."""
+    try:
+        values = [convert(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated {kind}, got {text!r}") from None
+    if not values or not all((v > minimum if strict else v >= minimum) and math.isfinite(v)
+                             for v in values):
+        raise ValueError(f"expected {kind} {rule}, got {text!r}")
+    return values
+
+
 def relative_path(path: Path | None) -> str | None:
     """``path`` relative to the working directory when it is below it (for reports)."""
     if path is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -447,6 +448,17 @@ def test_quick_defaults_and_overrides(tmp_path: Path) -> None:
 ])  # fmt: skip
 def test_bad_options_are_refused(argv: tuple[str, ...]) -> None:
     with pytest.raises(ValueError):
+        live.config_from_args(_args(*argv))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--agents", "2.5"), "--agents: expected comma-separated integers, got '2.5'"),
+    (("--factors", "1,nan"), "--factors: expected numbers > 0, got '1,nan'"),
+    (("--factors", "inf"), "--factors: expected numbers > 0, got 'inf'"),
+])  # fmt: skip
+def test_agent_counts_and_factors_are_whole_and_finite_or_refused(
+        argv: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
         live.config_from_args(_args(*argv))
 
 

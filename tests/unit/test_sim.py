@@ -665,7 +665,7 @@ def test_factors_set_the_agent_counts_and_with_live_sizing_the_pool(
     at_1x = _spec("--live-sizing", "--factors", "1", "--agents", "24").scenario
     at_3x = _spec("--live-sizing", "--agents", "24").scenario
     assert at_1x.blocks == pytest.approx(3 * at_3x.blocks, rel=0.01)
-    for bad in ("1,0", "1,nan"):
+    for bad in ("1,0", "1,nan", "inf"):
         with pytest.raises(SystemExit):
             cli.main(["bench", "sim", "--factors", bad])
         assert f"expected numbers > 0, got '{bad}'" in capsys.readouterr().err

@@ -38,9 +38,9 @@ def one(task: tuple[str, list[str], int, str]) -> tuple[str, int, float, float, 
     flags = [*flags, "--live-sizing", "--no-reuse-output", "--seed", str(seed), "--arms",
              "ours", "--policy", policy]
     if name.startswith("cheap"):
-        flags += ["--agents", "30", "--warmup-s", "15", "--window-s", "150"]
+        flags += ["--agents", "30", "--warmup-s", "15", "--window-s", "135"]
     else:
-        flags += ["--agents", "24", "--warmup-s", "60", "--window-s", "600"]
+        flags += ["--agents", "24", "--warmup-s", "60", "--window-s", "540"]
     f = run_case(flags)
     return name, seed, f.steps_per_min, f.hit_rate, f.latency_p50_s
 

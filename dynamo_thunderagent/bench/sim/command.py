@@ -24,6 +24,7 @@ from dynamo_thunderagent.bench.live_sweep import (
     DEFAULT_FACTORS,
     DEFAULT_WARMUP_S,
     DEFAULT_WINDOW_S,
+    comma_separated,
     live_setup,
     plan_sweep,
     workload_shape,
@@ -56,16 +57,11 @@ here (the longest, real Claude Code sessions, end within two hours)."""
 
 def _values(text: str, convert: type[int] | type[float], kind: str, rule: str,
             minimum: float, strict: bool) -> list[Any]:
-    """A comma-separated list of ``convert`` values, each at least ``minimum`` (above it if
-    ``strict``); ArgumentTypeError naming ``kind`` and ``rule`` otherwise."""
+    """:func:`~dynamo_thunderagent.bench.live_sweep.comma_separated`, as an argparse type."""
     try:
-        values = [convert(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated {kind}, got {text!r}") \
-            from None
-    if not values or not all(v > minimum if strict else v >= minimum for v in values):
-        raise argparse.ArgumentTypeError(f"expected {kind} {rule}, got {text!r}")
-    return values
+        return comma_separated(text, convert, kind, rule, minimum, strict=strict)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _ints(text: str) -> list[int]:
@@ -73,7 +69,6 @@ def _ints(text: str) -> list[int]:
 
 
 def _factors(text: str) -> list[float]:
-    # all(v > 0) rather than min(v) > 0 also refuses nan
     return _values(text, float, "numbers", "> 0", 0.0, strict=True)
 
 
