@@ -2,17 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import Protocol
 
-from dynamo_thunderagent.capacity import Capacity
+from dynamo_thunderagent.cache_loss import CacheLossMeter
+from dynamo_thunderagent.capacity import Capacity, UsageModel
+from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.costs import CostModel
 from dynamo_thunderagent.idle import IdlePrograms
-from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.program import Program, WorkerKey
 from dynamo_thunderagent.program_table import ProgramTable
 
-if TYPE_CHECKING:
-    from dynamo_thunderagent.scheduler import Scheduler
+
+class SchedulerView(Protocol):
+    """What :func:`scheduler_snapshot` reads of a scheduler (``scheduler.Scheduler``), named
+    here so that this module need not import the one that calls it."""
+
+    params: ThunderAgentParameters
+    table: ProgramTable
+    capacity: Capacity
+    idle: IdlePrograms
+    counters: dict[str, int]
+    costs: CostModel
+    usage_model: UsageModel
+    cache_loss: CacheLossMeter
+    resume_loss: CacheLossMeter
+    yield_seconds: float | None
+
+    @property
+    def sessionless_tokens(self) -> Mapping[WorkerKey, int]: ...
+
+    @property
+    def waiting_turns(self) -> Iterable[Program]: ...
+
+    def keeps_paused(self, worker: WorkerKey) -> bool: ...
 
 
 def snapshot(table: ProgramTable, capacity: Capacity, idle: IdlePrograms,
@@ -57,7 +80,7 @@ def snapshot(table: ProgramTable, capacity: Capacity, idle: IdlePrograms,
     }
 
 
-def scheduler_snapshot(scheduler: Scheduler, now: float) -> dict[str, object]:
+def scheduler_snapshot(scheduler: SchedulerView, now: float) -> dict[str, object]:
     """Plain-data view of ``scheduler`` at ``now``: its parts (:func:`snapshot`), its
     parameters, what it measured of the engines and the turns waiting for room."""
     s = scheduler
