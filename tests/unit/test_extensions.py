@@ -1193,3 +1193,29 @@ def test_of_several_empty_ranks_a_program_takes_the_lowest() -> None:
     rid, d = h.turn("b", 350)
     released = d.outcome(rid)
     assert isinstance(released, Release) and released.worker == W1
+
+
+def test_aged_turns_are_booked_lazily_reading_usage_the_earlier_pauses_left() -> None:
+    # Two aged turns of programs with no home, 400 tokens each; W0 holds 300, W1 400, both
+    # ranks 1,000 (resume level 850). The first goes to W0 (550 left after usage, against
+    # 450). Once the pause made for it empties W0, the second sees W0 and W1 level (450
+    # each) and goes to the lower rank, W0; booked on the usage before that pause it would
+    # have gone to W1 (150 against 450).
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, max_wait_seconds=60,
+             resume_timeout_seconds=600, aging_makes_room=True)
+    h.workers({W0: 1_000, W1: 1_000})
+    h.acting_on("x", W0, 300)
+    h.acting_on("y", W1, 400)
+    table, scheduler = h.scheduler.table, h.scheduler
+    aged = []
+    for name in ("a", "b"):
+        program = table.create(name, h.now)
+        program.tokens, program.deferred_since = 400, h.now - 61
+        aged.append(program)
+    bookings = scheduler.planner.aged_room(aged, table, scheduler.capacity, h.now)
+    assert next(bookings) == (W0, 450.0)
+    with table.changing(h.program("x")):
+        h.program("x").lifecycle = Lifecycle.PAUSED
+    assert table.usage(W0) == 0
+    assert next(bookings) == (W0, 50.0)
+    assert next(bookings, None) is None

@@ -455,6 +455,7 @@ def test_bad_options_are_refused(argv: tuple[str, ...]) -> None:
     (("--agents", "2.5"), "--agents: expected comma-separated integers, got '2.5'"),
     (("--factors", "1,nan"), "--factors: expected numbers > 0, got '1,nan'"),
     (("--factors", "inf"), "--factors: expected numbers > 0, got 'inf'"),
+    (("--factors", ","), "--factors: expected numbers > 0, got ','"),
 ])  # fmt: skip
 def test_agent_counts_and_factors_are_whole_and_finite_or_refused(
         argv: tuple[str, ...], message: str) -> None:

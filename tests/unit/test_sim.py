@@ -700,6 +700,9 @@ def test_live_sizing_caps_a_rollout_at_lives_cap_and_says_it_was_live_sized() ->
     assert _spec("--rollout", "--agents", "2").scenario.window_s == sim_command.ROLLOUT_CAP_S
 
 
-def test_factors_and_agents_together_are_refused_without_live_sizing() -> None:
+def test_factors_and_agents_together_are_refused_without_live_sizing(
+        capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ValueError, match="--factors picks the agent counts and --agents"):
         _spec("--factors", "1,2", "--agents", "4")
+    assert cli.main(["bench", "sim", "--factors", "1", "--agents", "4"]) == 2
+    assert "error: --factors picks the agent counts" in capsys.readouterr().err

@@ -5,7 +5,7 @@
 # 24 agents, live's window), seeds 0-2, stock, ours and the Python port, then ours with
 # acting_hold_factor 1. From the repository root:
 #   bash docs/benchmarks/sim-live-sizing-20261205/mixed.sh CLAUDE_CODE_TRACE [OUT_DIR]
-# About a minute on 2 cores.
+# About 20 s on 2 cores.
 set -euo pipefail
 claude=$1
 out=${2:-docs/benchmarks/sim-live-sizing-20261205}

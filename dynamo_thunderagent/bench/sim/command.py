@@ -108,12 +108,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout", action="store_true",
                         help="one batch: N agents start together and run to their end, as an "
                              "RL rollout does; reports its makespan and run times (the window, "
-                             f"default {ROLLOUT_CAP_S:g} s here, caps it)")
+                             f"default {ROLLOUT_CAP_S:g} s here, with --live-sizing live's "
+                             "cap over the time scale, caps it)")
     parser.add_argument("--live-sizing", action="store_true",
                         help="size the run as bench live sizes the same regime, workload and "
                         "seed: its KV pool, agent counts and window, in the simulator's "
                         "units, the first N agents joined mid-program as live runs join "
-                        "them (not with --blocks, --token-scale or --time-scale)")
+                        "them; --background tokens count as live's (not with --blocks, "
+                        "--token-scale or --time-scale)")
     parser.add_argument("--window-s", type=float, help="steady window, simulated seconds")
     parser.add_argument("--warmup-s", type=float, help="warm-up dropped before the window")
     parser.add_argument("--policy", help=f"router-policy YAML for arm ours "
