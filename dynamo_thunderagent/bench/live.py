@@ -163,12 +163,13 @@ from dynamo_thunderagent.bench.live_sweep import (
     RegimeSetup,
     RunKey,
     SweepPlan,
+    agent_counts,
     batch_plans,
-    comma_separated,
     interleave,
     live_setup,
     parse_arms,
     plan_sweep,
+    pressure_factors,
     run_plans,
     workload_shape,
 )
@@ -605,10 +606,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "P=800, O=64, mocker tokens), which no program-aware router tracks")
 
 
-def _listed(flag: str, text: str, convert: type[int] | type[float], kind: str, rule: str,
-            minimum: float, *, strict: bool) -> list[Any]:
+def _listed(flag: str, text: str, parse: Callable[[str], list[Any]]) -> list[Any]:
     try:
-        return comma_separated(text, convert, kind, rule, minimum, strict=strict)
+        return parse(text)
     except ValueError as error:
         raise ValueError(f"{flag}: {error}") from None
 
@@ -621,13 +621,11 @@ def config_from_args(args: argparse.Namespace) -> LiveConfig:
     arms = parse_arms(arms_text, args.arm_policy, ours_policy=args.policy,
                       builtin_policy=args.builtin_policy)  # fmt: skip
     repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
-    factors = tuple(_listed("--factors", args.factors, float, "numbers", "> 0", 0.0,
-                            strict=True)) if args.factors else (
+    factors = tuple(_listed("--factors", args.factors, pressure_factors)) if args.factors else (
         QUICK_FACTORS if quick else DEFAULT_FACTORS)  # fmt: skip
     agents = None
     if args.agents:
-        agents = tuple(_listed("--agents", args.agents, int, "integers", ">= 1", 1,
-                               strict=False))
+        agents = tuple(_listed("--agents", args.agents, agent_counts))
     window = args.window if args.window is not None else (
         ROLLOUT_CAP_S if args.rollout else 30.0 if quick else DEFAULT_WINDOW_S)
     warmup = args.warmup if args.warmup is not None else (

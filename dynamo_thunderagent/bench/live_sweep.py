@@ -61,6 +61,16 @@ def comma_separated(text: str, convert: type[int] | type[float], kind: str, rule
     return values
 
 
+def agent_counts(text: str) -> list[int]:
+    """``--agents``: comma-separated whole numbers >= 1 (:func:`comma_separated`)."""
+    return comma_separated(text, int, "integers", ">= 1", 1, strict=False)
+
+
+def pressure_factors(text: str) -> list[float]:
+    """``--factors``: comma-separated finite numbers > 0 (:func:`comma_separated`)."""
+    return comma_separated(text, float, "numbers", "> 0", 0.0, strict=True)
+
+
 def relative_path(path: Path | None) -> str | None:
     """``path`` relative to the working directory when it is below it (for reports)."""
     if path is None:

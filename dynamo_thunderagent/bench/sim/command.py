@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,9 +24,10 @@ from dynamo_thunderagent.bench.live_sweep import (
     DEFAULT_FACTORS,
     DEFAULT_WARMUP_S,
     DEFAULT_WINDOW_S,
-    comma_separated,
+    agent_counts,
     live_setup,
     plan_sweep,
+    pressure_factors,
     workload_shape,
 )
 from dynamo_thunderagent.bench.regimes import REGIMES, regime_named
@@ -55,21 +56,18 @@ ROLLOUT_CAP_S = 86_400.0
 here (the longest, real Claude Code sessions, end within two hours)."""
 
 
-def _values(text: str, convert: type[int] | type[float], kind: str, rule: str,
-            minimum: float, strict: bool) -> list[Any]:
-    """:func:`~dynamo_thunderagent.bench.live_sweep.comma_separated`, as an argparse type."""
-    try:
-        return comma_separated(text, convert, kind, rule, minimum, strict=strict)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+def _argument(parse: Callable[[str], list[Any]]) -> Callable[[str], list[Any]]:
+    """``parse`` (ValueError on bad text) as an argparse type, whose message it shows."""
+    def parsed(text: str) -> list[Any]:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return parsed
 
 
-def _ints(text: str) -> list[int]:
-    return _values(text, int, "integers", ">= 1", 1, strict=False)
-
-
-def _factors(text: str) -> list[float]:
-    return _values(text, float, "numbers", "> 0", 0.0, strict=True)
+_ints = _argument(agent_counts)
+_factors = _argument(pressure_factors)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
