@@ -131,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         "sim", help="simulate arms x agent counts on a discrete-event model of the workers")
     add_sim_arguments(sim)
     sim.set_defaults(func=run_sim_cli)
-    from dynamo_thunderagent.bench.live import add_arguments as add_live_arguments
-    from dynamo_thunderagent.bench.live import run_live_cli
+    from dynamo_thunderagent.bench.live_cli import add_arguments as add_live_arguments
+    from dynamo_thunderagent.bench.live_cli import run_live_cli
 
     live = bench_sub.add_parser(
         "live", help="interleaved, repeated A/B runs of every arm x N on local stacks")

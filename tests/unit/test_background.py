@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dynamo_thunderagent.bench import live
+from dynamo_thunderagent.bench import live_cli
 from dynamo_thunderagent.bench.driver import _background_figures, _Run
 from dynamo_thunderagent.bench.prompts import PromptText, TemplateOverhead
 from dynamo_thunderagent.bench.workload import Background
@@ -79,9 +79,10 @@ def test_the_background_option_reaches_the_sweep_and_its_report() -> None:
     def args(*argv: str) -> argparse.Namespace:
         return build_parser().parse_args(["bench", "live", *argv])
 
-    config = live.config_from_args(args("--quick", "--background", "8:400:32"))
+    config = live_cli.config_from_args(args("--quick", "--background", "8:400:32"))
     assert config.background == Background(8, 400, 32)
     assert config.describe()["background"] == {"concurrency": 8, "prompt_tokens": 400,
                                                "output_tokens": 32}
-    assert live.config_from_args(args("--quick", "--background", "4")).background == Background(4)
-    assert live.config_from_args(args("--quick")).describe()["background"] is None
+    four = live_cli.config_from_args(args("--quick", "--background", "4"))
+    assert four.background == Background(4)
+    assert live_cli.config_from_args(args("--quick")).describe()["background"] is None

@@ -139,14 +139,14 @@ def test_a_policy_that_sets_host_kv_blocks_keeps_its_choice(tmp_path: Path) -> N
 def test_a_benchmark_hands_ours_a_policy_told_of_the_tier_and_leaves_others_alone(
     tmp_path: Path,
 ) -> None:
-    from dynamo_thunderagent.bench import live
+    from dynamo_thunderagent.bench import live_cli
     from dynamo_thunderagent.bench.live import prepare_regime
     from dynamo_thunderagent.bench.live_sweep import ArmSpec
     from dynamo_thunderagent.policy_files import PARITY_POLICY
 
     from .test_live import _args  # the CLI's own parsing, as a user runs it
 
-    config = live.config_from_args(_args("--regime", "tiered", "--workload", "toy",
+    config = live_cli.config_from_args(_args("--regime", "tiered", "--workload", "toy",
                                          "--policy-clock", "wall"))  # the tier alone
     tiered = prepare_regime(config, "tiered", tmp_path)
     assert tiered.host_blocks > 0
@@ -165,13 +165,13 @@ def test_a_benchmark_hands_ours_a_policy_told_of_the_tier_and_leaves_others_alon
 def test_a_tiered_regime_without_a_work_dir_refuses_to_derive_a_policy(tmp_path: Path) -> None:
     import dataclasses
 
-    from dynamo_thunderagent.bench import live
+    from dynamo_thunderagent.bench import live_cli
     from dynamo_thunderagent.bench.live import prepare_regime
     from dynamo_thunderagent.bench.live_sweep import ArmSpec
 
     from .test_live import _args
 
-    config = live.config_from_args(_args("--regime", "tiered", "--workload", "toy",
+    config = live_cli.config_from_args(_args("--regime", "tiered", "--workload", "toy",
                                          "--policy-clock", "wall"))  # the tier alone
     tiered = dataclasses.replace(prepare_regime(config, "tiered", tmp_path), work_dir=None)
     with pytest.raises(ValueError, match="needs a work_dir"):

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dynamo_thunderagent.bench import live, live_report, live_sweep, workload
+from dynamo_thunderagent.bench import live, live_cli, live_report, live_sweep, workload
 from dynamo_thunderagent.bench.metrics import summarize
 from dynamo_thunderagent.bench.records import RunResult, TurnRecord
 from dynamo_thunderagent.bench.runner import ArmResult
@@ -41,14 +41,14 @@ def test_parse_arm_bases_and_ablations(tmp_path: Path) -> None:
 
 
 def test_parse_arms_adds_arm_policies_and_checks_them(tmp_path: Path) -> None:
-    arms = live.parse_arms("stock,ours", [f"parity={POLICY}"])
+    arms = live_sweep.parse_arms("stock,ours", [f"parity={POLICY}"])
     assert [a.label for a in arms] == ["stock", "ours", "ours:parity"]
     with pytest.raises(ValueError, match="unique"):
-        live.parse_arms("stock,stock")
+        live_sweep.parse_arms("stock,stock")
     with pytest.raises(ValueError, match="not found"):
-        live.parse_arms("stock", [f"x={tmp_path / 'missing.yaml'}"])
+        live_sweep.parse_arms("stock", [f"x={tmp_path / 'missing.yaml'}"])
     with pytest.raises(ValueError):
-        live.parse_arms(" , ")
+        live_sweep.parse_arms(" , ")
 
 
 # ----- workload transforms -----------------------------------------------------------------
@@ -428,16 +428,16 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_quick_defaults_and_overrides(tmp_path: Path) -> None:
-    config = live.config_from_args(_args("--quick", "--out", str(tmp_path)))
-    assert config.quick and config.repeats == 1 and config.factors == live.QUICK_FACTORS
+    config = live_cli.config_from_args(_args("--quick", "--out", str(tmp_path)))
+    assert config.quick and config.repeats == 1 and config.factors == live_cli.QUICK_FACTORS
     assert [a.label for a in config.arms] == ["stock", "ours"]
     assert config.regimes == ("calibrated",) and config.window_s == 30.0
-    config = live.config_from_args(_args("--quick", "--window", "10", "--warmup", "3",
+    config = live_cli.config_from_args(_args("--quick", "--window", "10", "--warmup", "3",
                                          "--repeats", "2", "--regime", "all"))  # fmt: skip
     assert (config.window_s, config.warmup_s, config.repeats) == (10.0, 3.0, 2)
-    assert config.regimes == live.REGIME_NAMES
-    full = live.config_from_args(_args("--arm-policy", f"parity={POLICY}"))
-    assert [a.label for a in full.arms] == [*live.DEFAULT_ARMS, "ours:parity"]
+    assert config.regimes == live_cli.REGIME_NAMES
+    full = live_cli.config_from_args(_args("--arm-policy", f"parity={POLICY}"))
+    assert [a.label for a in full.arms] == [*live_cli.DEFAULT_ARMS, "ours:parity"]
     assert full.repeats == 3 and full.factors == live.DEFAULT_FACTORS
 
 
@@ -448,7 +448,7 @@ def test_quick_defaults_and_overrides(tmp_path: Path) -> None:
 ])  # fmt: skip
 def test_bad_options_are_refused(argv: tuple[str, ...]) -> None:
     with pytest.raises(ValueError):
-        live.config_from_args(_args(*argv))
+        live_cli.config_from_args(_args(*argv))
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -460,18 +460,19 @@ def test_bad_options_are_refused(argv: tuple[str, ...]) -> None:
 def test_agent_counts_and_factors_are_whole_and_finite_or_refused(
         argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        live.config_from_args(_args(*argv))
+        live_cli.config_from_args(_args(*argv))
 
 
 def test_bad_options_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert live.run_live_cli(_args("--repeats", "0")) == 2
+    assert live_cli.run_live_cli(_args("--repeats", "0")) == 2
     assert "error:" in capsys.readouterr().err
 
 
 def test_dry_run_prints_the_schedule() -> None:
-    config = live.config_from_args(_args("--regime", "all", "--workload", "toy", "--repeats", "2"))
+    config = live_cli.config_from_args(
+        _args("--regime", "all", "--workload", "toy", "--repeats", "2"))
     out = io.StringIO()
-    assert live.dry_run(config, out) == 0
+    assert live_cli.dry_run(config, out) == 0
     plan = json.loads(out.getvalue())
     assert set(plan["regimes"]) == {"calibrated", "cheap-recompute", "tiered"}
     calibrated = plan["regimes"]["calibrated"]["sweep"]
@@ -495,14 +496,14 @@ def test_a_rollouts_batch_is_the_streams_first_plans_from_their_first_turn() -> 
 
 
 def test_rollout_options(tmp_path: Path) -> None:
-    config = live.config_from_args(_args("--rollout", "--out", str(tmp_path)))
+    config = live_cli.config_from_args(_args("--rollout", "--out", str(tmp_path)))
     assert config.rollout and config.describe()["rollout"] is True
-    assert (config.window_s, config.warmup_s) == (live.ROLLOUT_CAP_S, 0.0)
-    config = live.config_from_args(_args("--rollout", "--window", "300", "--warmup", "0"))
+    assert (config.window_s, config.warmup_s) == (live_cli.ROLLOUT_CAP_S, 0.0)
+    config = live_cli.config_from_args(_args("--rollout", "--window", "300", "--warmup", "0"))
     assert config.window_s == 300.0
     with pytest.raises(ValueError, match="--warmup does not apply to --rollout"):
-        live.config_from_args(_args("--rollout", "--warmup", "5"))
-    assert not live.config_from_args(_args()).rollout
+        live_cli.config_from_args(_args("--rollout", "--warmup", "5"))
+    assert not live_cli.config_from_args(_args()).rollout
 
 
 def _batch_result(arm: str, *, finished: int) -> ArmResult:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dynamo_thunderagent.bench import live
+from dynamo_thunderagent.bench import live_cli
 from dynamo_thunderagent.bench.live import prepare_regime
 from dynamo_thunderagent.bench.live_sweep import ArmSpec
 from dynamo_thunderagent.catalog import default_catalog, load_policy
@@ -107,7 +107,7 @@ def test_a_bad_duration_in_the_file_names_the_file(tmp_path: Path) -> None:
 
 
 def test_the_calibrated_regime_runs_every_router_on_its_clock(tmp_path: Path) -> None:
-    config = live.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
+    config = live_cli.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
     prepared = prepare_regime(config, "calibrated", tmp_path)
     clock = prepared.setup.time_scale
     assert clock == 0.25 and prepared.policy_clock == clock
@@ -130,12 +130,12 @@ def test_the_calibrated_regime_runs_every_router_on_its_clock(tmp_path: Path) ->
 
 
 def test_wall_clock_and_an_unscaled_regime_run_the_files_as_written(tmp_path: Path) -> None:
-    config = live.config_from_args(_args("--regime", "calibrated", "--policy-clock", "wall",
+    config = live_cli.config_from_args(_args("--regime", "calibrated", "--policy-clock", "wall",
                                          "--out", str(tmp_path)))
     wall = prepare_regime(config, "calibrated", tmp_path)
     assert wall.policy_clock == 1.0 and wall.policy_for(ArmSpec("ours", "ours")) is None
     assert wall.router_args_for(ArmSpec("dynamo-python", "dynamo-python")) == []
-    config = live.config_from_args(_args("--regime", "cheap-recompute", "--out", str(tmp_path)))
+    config = live_cli.config_from_args(_args("--regime", "cheap-recompute", "--out", str(tmp_path)))
     cheap = prepare_regime(config, "cheap-recompute", tmp_path)
     assert cheap.setup.time_scale == 1 and cheap.policy_for(ArmSpec("ours", "ours")) is None
 
@@ -165,7 +165,7 @@ def test_a_policy_that_cannot_be_read_is_named(tmp_path: Path) -> None:
 def test_an_unknown_policy_clock_is_refused(tmp_path: Path) -> None:
     import dataclasses
 
-    config = live.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
+    config = live_cli.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
     with pytest.raises(ValueError, match="policy clock must be one of regime, wall"):
         prepare_regime(dataclasses.replace(config, policy_clock="regimes"), "calibrated",
                        tmp_path)
@@ -174,14 +174,14 @@ def test_an_unknown_policy_clock_is_refused(tmp_path: Path) -> None:
 def test_a_clock_without_a_work_dir_refuses_to_derive_a_policy(tmp_path: Path) -> None:
     import dataclasses
 
-    config = live.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
+    config = live_cli.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
     prepared = dataclasses.replace(prepare_regime(config, "calibrated", tmp_path), work_dir=None)
     with pytest.raises(ValueError, match="policy clock needs a work_dir"):
         prepared.policy_for(ArmSpec("ours", "ours"))
 
 
 def test_a_tiered_regime_tells_the_tier_and_scales_the_durations(tmp_path: Path) -> None:
-    config = live.config_from_args(_args("--regime", "tiered", "--out", str(tmp_path)))
+    config = live_cli.config_from_args(_args("--regime", "tiered", "--out", str(tmp_path)))
     tiered = prepare_regime(config, "tiered", tmp_path)
     told = tiered.policy_for(ArmSpec("ours", "ours"))
     assert told is not None
@@ -191,7 +191,7 @@ def test_a_tiered_regime_tells_the_tier_and_scales_the_durations(tmp_path: Path)
 
 
 def test_two_arms_with_files_of_one_name_get_copies_of_their_own(tmp_path: Path) -> None:
-    config = live.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
+    config = live_cli.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
     prepared = prepare_regime(config, "calibrated", tmp_path)
     paths = []
     for folder, wait in (("a", 10), ("b", 20)):
@@ -209,10 +209,10 @@ def test_bench_live_refuses_a_policy_it_cannot_derive_before_any_run(
 ) -> None:
     broken = _broken_policy(tmp_path)
     ran: list[object] = []
-    monkeypatch.setattr(live, "run_live", lambda *a, **k: ran.append(a) or 0)
+    monkeypatch.setattr(live_cli, "run_live", lambda *a, **k: ran.append(a) or 0)
     args = _args("--regime", "calibrated", "--arms", f"stock,ours:bad={broken}",
                  "--out", str(tmp_path / "out"))
-    assert live.run_live_cli(args) == 2
+    assert live_cli.run_live_cli(args) == 2
     assert ran == [] and "broken.yaml: max_wait_seconds must be a number" in capsys.readouterr().err
 
 
@@ -237,7 +237,7 @@ def test_a_file_for_dynamos_plugin_is_its_to_judge_not_ours(tmp_path: Path) -> N
     assert seconds_on_clock(given, 0.25, ours=False)["scheduler_interval_seconds"] == 1.25
     with pytest.raises(ValueError, match="acting_token_weight"):
         seconds_on_clock(given, 0.25)
-    config = live.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
+    config = live_cli.config_from_args(_args("--regime", "calibrated", "--out", str(tmp_path)))
     prepared = prepare_regime(config, "calibrated", tmp_path)
     theirs = tmp_path / "theirs.yaml"
     theirs.write_text("request_classifier:\n  type: thunderagent\n  parameters:\n"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from dynamo_thunderagent import cli
-from dynamo_thunderagent.bench import live, live_sweep, workload
+from dynamo_thunderagent.bench import live_cli, live_sweep, workload
 from dynamo_thunderagent.bench.driver import _Run
 from dynamo_thunderagent.bench.metrics import recomputed_tokens
 from dynamo_thunderagent.bench.prompts import History, PromptText, TemplateOverhead
@@ -395,9 +395,9 @@ def test_bench_sim_markdown_names_the_shape(capsys: pytest.CaptureFixture[str]) 
 def test_live_dry_run_sizes_the_sweep_by_mean_peak_footprint(workload: str) -> None:
     args = build_parser().parse_args(
         ["bench", "live", "--regime", "all", "--workload", workload, "--repeats", "1"])
-    config = live.config_from_args(args)
+    config = live_cli.config_from_args(args)
     out = io.StringIO()
-    assert live.dry_run(config, out) == 0
+    assert live_cli.dry_run(config, out) == 0
     plan = json.loads(out.getvalue())
     for regime, data in plan["regimes"].items():
         setup, sweep = data["setup"], data["sweep"]
