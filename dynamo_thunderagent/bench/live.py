@@ -120,8 +120,12 @@ Output (``--out DIR``, default ``bench-results/<UTC timestamp>/``)
 ``report["arms"][arm]`` holds the figures of the first regime at its largest N
 (``steps_per_min``, ``hit_rate``, ... as means over the repeats, except errors, summed, and
 the ``*_max`` / ``*_max_s`` figures, their max; plus ``spread`` and ``by_n`` with every N);
-``report["regimes"][regime]["arms"]`` the same per regime. Progress goes to stderr. Exit
-status: 0 when every run finished with zero errors, 1 otherwise, 2 for bad options.
+``report["regimes"][regime]["arms"]`` the same per regime. Errors count every failed
+request, session-finals included; ``errors_by_type`` (per run and, summed, per cell, and a
+line under ``results.md``'s table) names a session-final's or release's with what it was,
+``APITimeoutError (session-final)``: one the engine did not answer within the driver's 10 s,
+which loses no turn. Progress goes to stderr. Exit status: 0 when every run finished with
+zero errors, 1 otherwise, 2 for bad options.
 
 (This module is about 550 lines because this docstring, the command's reference, is about
 125 of them, and the sweep's run loop belongs with the regime's preparation (policies on its

@@ -123,6 +123,13 @@ def _regime_markdown(
                 continue
             out.append(_largest_row(arm, c, rollout=bool(config.get("rollout"))))
         out.append("")
+        errors = [(arm, c["errors_by_type"]) for arm in arms
+                  if (c := by_n(arm).get(str(n))) and c.get("errors_by_type")]
+        for arm, by_type in errors:
+            kinds = ", ".join(f"{count} {label}" for label, count in sorted(by_type.items()))
+            out.append(f"- errors, {arm} (summed over repeats): {kinds}")
+        if errors:
+            out.append("")
     for f in failures:
         out.append(
             f"- failed: {f['arm']} at N={f['agents']} (repeat {f['repeat'] + 1}): {f['error']}"

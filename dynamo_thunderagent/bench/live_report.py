@@ -6,6 +6,7 @@ See :mod:`dynamo_thunderagent.bench.live` for the definitions of the figures, an
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -203,6 +204,10 @@ def aggregate_cell(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "values": values,
         }
     cell["spread"] = spread
+    by_type: Counter[str] = Counter()
+    for r in rows:
+        by_type.update(r.get("errors_by_type") or {})
+    cell["errors_by_type"] = dict(by_type)
     return cell
 
 

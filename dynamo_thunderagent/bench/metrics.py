@@ -20,6 +20,9 @@ Definitions (one place, so every report means the same thing):
   history (a compaction) counts nothing as reusable, like a first turn.
 * **turn latency**: end - start of successful turns (admission wait, queueing, prefill and
   decode), nearest-rank p50 / p99.
+* **errors**: every failed request, turns and session-finals (or releases) alike;
+  ``errors_by_type`` keys a turn's by its error's type (``APITimeoutError``) and the others
+  with what they were (``APITimeoutError (session-final)``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from dynamo_thunderagent.quantile import percentile
+
+KIND_NAMES = {"final": "session-final", "release": "release"}
 
 
 class RecordLike(Protocol):
@@ -180,6 +185,14 @@ def latency_percentiles(records: Iterable[RecordLike]) -> tuple[float | None, fl
     return percentile(latencies, 0.50), percentile(latencies, 0.99)
 
 
+def error_label(record: RecordLike) -> str:
+    """How a failed record counts in ``errors_by_type``: its error's type, followed for
+    anything but a turn by what the request was, so that a session-final the engine did not
+    answer within the driver's short timeout is not read as a lost turn."""
+    kind = "" if record.kind == "turn" else f" ({KIND_NAMES.get(record.kind, record.kind)})"
+    return (record.error_type or "unknown") + kind
+
+
 def summarize(
     records: Sequence[RecordLike],
     *,
@@ -223,7 +236,7 @@ def summarize(
         latency_p50_s=latency_p50,
         latency_p99_s=latency_p99,
         errors=len(failed),
-        errors_by_type=dict(Counter(r.error_type or "unknown" for r in failed)),
+        errors_by_type=dict(Counter(error_label(r) for r in failed)),
         cancelled=sum(1 for r in records if r.cancelled),
         # A subagent's session-final ends a subagent, not an agent run.
         agents_completed=sum(1 for r in records

@@ -400,6 +400,26 @@ def test_render_markdown_tables() -> None:
     assert "| 1.00 / 1.00 / 1.00 |" in lines[0]  # every turn took 1 s: p50, p99 and the longest
 
 
+def test_errors_by_type_are_summed_per_cell_and_named_under_the_table() -> None:
+    # Stock's errors on agentic-code were session-finals past the driver's 10 s; the table's
+    # errors column alone read as lost turns.
+    rows = [_row("stock", 8, r, 6) for r in range(2)]
+    rows[0]["errors"], rows[0]["errors_by_type"] = 3, {"APITimeoutError (session-final)": 3}
+    rows[1]["errors"], rows[1]["errors_by_type"] = 2, {"APITimeoutError (session-final)": 1,
+                                                       "APITimeoutError": 1}  # fmt: skip
+    cell = live_report.aggregate_cell(rows)
+    assert cell["errors"] == 5
+    assert cell["errors_by_type"] == {"APITimeoutError (session-final)": 4, "APITimeoutError": 1}
+    report = _report()
+    report["regimes"]["calibrated"]["arms"]["stock"]["by_n"]["8"]["errors_by_type"] = (
+        cell["errors_by_type"])  # fmt: skip
+    text = live.render_markdown(report)
+    assert ("- errors, stock (summed over repeats): 1 APITimeoutError, "
+            "4 APITimeoutError (session-final)") in text  # fmt: skip
+    assert "- errors, ours" not in text  # no line for an arm without errors
+    assert "- errors," not in live.render_markdown(_report())
+
+
 def test_render_markdown_arm_not_run_at_the_largest_n_keeps_the_columns() -> None:
     report = _report()
     del report["regimes"]["calibrated"]["arms"]["ours"]["by_n"]["8"]

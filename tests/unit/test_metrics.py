@@ -136,6 +136,20 @@ def test_summarize_reports_every_figure_of_a_run() -> None:
     assert m.to_dict()["recomputed_fraction"] == 0.0
 
 
+def test_a_failed_session_final_is_named_apart_from_a_failed_turn() -> None:
+    records = [
+        turn("a", 0, end=12.0, error="APITimeoutError: Request timed out."),
+        turn("a", 1, end=13.0, kind="final", prompt=None, cached=None, completion=None,
+             error="APITimeoutError: Request timed out."),
+        turn("b", 1, end=14.0, kind="release", prompt=None, cached=None, completion=None,
+             error="APIConnectionError: Connection error."),
+    ]  # fmt: skip
+    m = summarize(records, warmup_s=10, window_s=30)
+    assert m.errors == 3
+    assert m.errors_by_type == {"APITimeoutError": 1, "APITimeoutError (session-final)": 1,
+                                "APIConnectionError (release)": 1}  # fmt: skip
+
+
 def test_summarize_without_usage_has_no_hit_rate() -> None:
     m = summarize([], warmup_s=0, window_s=10)
     assert m.hit_rate is None and m.latency_p50_s is None and m.steps_per_min == 0
