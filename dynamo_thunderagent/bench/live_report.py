@@ -204,8 +204,8 @@ def aggregate_cell(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "values": values,
         }
     cell["spread"] = spread
-    by_type: Counter[str] = Counter()
-    for r in rows:
+    by_type: Counter[str] = Counter()  # over the runs ``errors`` sums
+    for r in ok:
         by_type.update(r.get("errors_by_type") or {})
     cell["errors_by_type"] = dict(by_type)
     return cell

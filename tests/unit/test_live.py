@@ -345,7 +345,8 @@ def test_a_ratio_to_stock_covers_only_the_repeats_both_arms_ran() -> None:
     assert live_report.aggregate(lost)["calibrated"]["ours"][4]["steps_per_min_vs_stock"] is None
 
 
-def _report(include_samples: bool = True) -> dict[str, Any]:
+def _report(include_samples: bool = True,
+            rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     config = {
         "workers": 2, "block_size": 16, "window_s": 10.0, "warmup_s": 1.0, "repeats": 2,
         "regimes": {"calibrated": {
@@ -354,7 +355,7 @@ def _report(include_samples: bool = True) -> dict[str, Any]:
                       "capacity_tokens": 3200, "mean_peak_tokens": 800.0},
         }},
     }  # fmt: skip
-    rows = _rows()
+    rows = _rows() if rows is None else rows
     rows.append(_row("dynamo-python", 8, 0, 0, error="StackError: no model"))
     return live.build_report(
         rows, config=config, arm_order=["stock", "ours", "dynamo-python"],
@@ -407,13 +408,14 @@ def test_errors_by_type_are_summed_per_cell_and_named_under_the_table() -> None:
     rows[0]["errors"], rows[0]["errors_by_type"] = 3, {"APITimeoutError (session-final)": 3}
     rows[1]["errors"], rows[1]["errors_by_type"] = 2, {"APITimeoutError (session-final)": 1,
                                                        "APITimeoutError": 1}  # fmt: skip
-    cell = live_report.aggregate_cell(rows)
+    lost = _row("stock", 8, 2, 6, error="StackError: boom")  # a lost run counts in neither
+    lost["errors"], lost["errors_by_type"] = 1, {"APIConnectionError": 1}
+    cell = live_report.aggregate_cell([*rows, lost])
     assert cell["errors"] == 5
     assert cell["errors_by_type"] == {"APITimeoutError (session-final)": 4, "APITimeoutError": 1}
-    report = _report()
-    report["regimes"]["calibrated"]["arms"]["stock"]["by_n"]["8"]["errors_by_type"] = (
-        cell["errors_by_type"])  # fmt: skip
-    text = live.render_markdown(report)
+    # From the runs' rows to results.md, through the report's aggregation.
+    others = [r for r in _rows() if not (r["arm"] == "stock" and r["agents"] == 8)]
+    text = live.render_markdown(_report(rows=others + rows))
     assert ("- errors, stock (summed over repeats): 1 APITimeoutError, "
             "4 APITimeoutError (session-final)") in text  # fmt: skip
     assert "- errors, ours" not in text  # no line for an arm without errors
