@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from dynamo_thunderagent.quantile import percentile
 
-KIND_NAMES = {"final": "session-final", "release": "release"}
+KIND_NAMES = {"final": "session-final"}  # any other kind (``release``) by its own name
 
 
 class RecordLike(Protocol):
