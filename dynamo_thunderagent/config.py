@@ -162,6 +162,13 @@ class ThunderAgentParameters(_Strict):
     A release adds to the overfill, so where re-prefill is dear the pause rule gets that
     long to drain the rank first. Pauses themselves go on: where they bring a rank back
     under its capacity, holding pays again. None (parity): turns wait for room."""
+    hold_excludes_let_in: bool = False
+    """With ``hold_max_cache_loss`` or ``pause_min_resume_loss``: a worker/rank counts as
+    holding more than its capacity only without the programs those rules let in there
+    without room (each until it pauses again, moves or leaves). Otherwise the turns let in
+    keep the rank over its capacity, so it stays "evicting anyway" and each pause is undone
+    by the next release: with tool calls that return within a second, pauses and releases
+    alternate and the rank never drains. Off: every program on the rank counts."""
     pause_min_resume_loss: float | None = Field(None, gt=0.0, le=1.0)
     """Pause and hold back only where the engine would lose what a pause keeps: a
     worker/rank where paused programs, resumed there, came back with more than ``1 -

@@ -114,6 +114,9 @@ class Scheduler:
         # PAUSED programs whose turn waits for room: the only programs that hold a new
         # program back, and the resume candidates when idle horizons are on.
         self._deferred: dict[str, Program] = {}
+        # Programs resumed without room on a rank evicting anyway, until they pause again,
+        # move or leave: the overfill of our own making (``hold_excludes_let_in``).
+        self._let_in: dict[str, Program] = {}
         # Idle programs: the eviction order, and (with idle horizons) the dormant ones
         # that give way first under pressure.
         self.idle = IdlePrograms(self.table.programs, factor=params.idle_horizon_factor,
@@ -436,6 +439,7 @@ class Scheduler:
         """Assign ``program`` to ``worker``; a change of rank is a move, for ``reason``."""
         moving = program.worker is not None and worker is not None and worker != program.worker
         if moving:
+            self._let_in.pop(program.session_id, None)  # placed with room, or not ours
             program.moves += 1
             self.counters["moves"] += 1
             program.resident_prompt_tokens = 0  # its cache stays behind
@@ -460,6 +464,7 @@ class Scheduler:
         worker = program.worker
         self.table.remove(program)
         self._deferred.pop(program.session_id, None)
+        self._let_in.pop(program.session_id, None)
         self.idle.forget(program.session_id)
         _step(d, kind, program, worker, reason)
 
@@ -675,6 +680,7 @@ class Scheduler:
             reason = PauseReason.PRESSURE
         with self.table.changing(program):
             program.lifecycle = Lifecycle.PAUSED
+        self._let_in.pop(program.session_id, None)
         # What it leaves cached: whether it finds that again when it resumes here says
         # whether the pause saved anything (pause_min_resume_loss).
         if program.resident_prompt_tokens:
@@ -713,6 +719,8 @@ class Scheduler:
         with self.table.changing(program):
             program.lifecycle = Lifecycle.ACTIVE
         self._deferred.pop(program.session_id, None)
+        if evicting:
+            self._let_in[program.session_id] = program
         program.active_since = now
         program.resumes += 1
         self.counters["resumes"] += 1
@@ -739,7 +747,7 @@ class Scheduler:
         if not paused:
             return d
         plan = self.planner.plan(paused, self.table, self.capacity, now, self.batch,
-                                 self._evicting_anyway())
+                                 self.evicting_anyway())
         for resumption in plan.resumptions:
             if resumption.released_evicting:
                 self.counters["released_evicting"] += 1
@@ -751,20 +759,35 @@ class Scheduler:
         self.counters["held_home"] += len(plan.held_home)
         return d
 
-    def _evicting_anyway(self) -> frozenset[WorkerKey]:
+    def evicting_anyway(self) -> frozenset[WorkerKey]:
         """Ranks where holding a turn back keeps no cache: their programs hold more than
-        the capacity, and the engine either evicts whatever is held back (it lost at least
-        ``hold_max_cache_loss`` of what continuing turns expected cached there) or keeps it
-        anyway (``pause_min_resume_loss``, :meth:`keeps_paused`)."""
+        the capacity (with ``hold_excludes_let_in``, not counting those let in without
+        room, :meth:`let_in_usage`), and the engine either evicts whatever is held back
+        (it lost at least ``hold_max_cache_loss`` of what continuing turns expected cached
+        there) or keeps it anyway (``pause_min_resume_loss``, :meth:`keeps_paused`)."""
         limit = self.params.hold_max_cache_loss
         if limit is None and self.params.pause_min_resume_loss is None:
             return frozenset()
         usage = self.table.usage_by_rank
+        own = self.let_in_usage() if self.params.hold_excludes_let_in else {}
         return frozenset(
             worker for worker, cap in self.capacity.known.items()
-            if usage.get(worker, 0.0) > cap
+            if usage.get(worker, 0.0) - own.get(worker, 0.0) > cap
             and ((limit is not None and (loss := self.cache_loss.loss_ratio(worker)) is not None
                   and loss >= limit) or self.keeps_paused(worker)))
+
+    def let_in_usage(self) -> dict[WorkerKey, float]:
+        """Per rank, what the programs resumed there without room hold (the pressure
+        side's charge), until they pause again, move or leave: an overfill of our own
+        making. Counting it would keep a rank "evicting anyway" because of the turns that
+        judgement let in, and the pause rule could never drain it (short tool calls: each
+        pause is undone by the next release)."""
+        own: dict[WorkerKey, float] = {}
+        charge = self.usage_model.charge
+        for program in self._let_in.values():
+            if program.worker is not None:
+                own[program.worker] = own.get(program.worker, 0.0) + charge(program)
+        return own
 
     def keeps_paused(self, worker: WorkerKey) -> bool:
         """Whether ``worker``'s engine keeps what a pause there would save
@@ -817,6 +840,7 @@ class Scheduler:
                 d.expired.append(program.session_id)
                 continue
             if program.worker is not None and not self.capacity.is_live(program.worker):
+                self._let_in.pop(program.session_id, None)
                 with self.table.changing(program):
                     program.worker = None
                 # Its cache left with the worker: nothing is expected anywhere else.

@@ -37,6 +37,10 @@ class SchedulerView(Protocol):
 
     def keeps_paused(self, worker: WorkerKey) -> bool: ...
 
+    def evicting_anyway(self) -> frozenset[WorkerKey]: ...
+
+    def let_in_usage(self) -> dict[WorkerKey, float]: ...
+
 
 def snapshot(table: ProgramTable, capacity: Capacity, idle: IdlePrograms,
              counters: Mapping[str, int], costs: CostModel, waiting_for_room: int,
@@ -90,6 +94,9 @@ def scheduler_snapshot(scheduler: SchedulerView, now: float) -> dict[str, object
     state["cache_loss"] = s.cache_loss.snapshot()
     state["resume_loss"] = s.resume_loss.snapshot("resume_loss_ratio")
     state["keeping_paused"] = sorted(str(w) for w in s.capacity.known if s.keeps_paused(w))
+    # Ranks where turns held back run without room, and what those let in hold there.
+    state["evicting_anyway"] = sorted(str(w) for w in s.evicting_anyway())
+    state["let_in_tokens"] = {str(w): t for w, t in sorted(s.let_in_usage().items())}
     state["acting_hold_seconds"] = s.usage_model.hold_seconds
     # Prompt tokens of requests without a session id running now, per rank, and how many
     # tokens come off its capacity for them (sessionless_kv, *_full_loss).

@@ -37,6 +37,7 @@ LEFT_OFF: dict[str, dict[str, Any]] = {
     "acting_hold": {"acting_hold_factor": 1.0},
     "acting_yield": {"acting_yield_factor": 1.0},
     "aging_makes_room": {"aging_makes_room": True, "max_wait_seconds": 60},
+    "let_in_excluded": {"hold_excludes_let_in": True, "hold_max_cache_loss": 0.5},
 }
 # Extended-policy parameters that work only beside others: their ``plus_`` file adds what
 # they need too, and the ``minus_`` file of what they need drops them as well.

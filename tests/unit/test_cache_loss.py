@@ -8,9 +8,10 @@ import pytest
 
 from dynamo_thunderagent.cache_loss import CacheLossMeter, expected_cached
 from dynamo_thunderagent.costs import EngineCosts
+from dynamo_thunderagent.decisions import EventKind
 from dynamo_thunderagent.dynamo.translate import StreamTracker
 from dynamo_thunderagent.program import WorkerKey
-from dynamo_thunderagent.scheduler import Release
+from dynamo_thunderagent.scheduler import Decisions, Release
 
 from .conftest import W0, W1, Harness, make, over_threshold_on_w0, waiting_turn_on_w0
 
@@ -164,6 +165,61 @@ def test_a_waiting_turn_waits_on_a_rank_within_its_capacity_or_not_yet_measured(
     waiting_turn_on_w0(h, b_tokens=4_800)  # 9,800: no room, within the capacity
     h.scheduler.cache_loss.observe(W0, 1_000, 0)
     assert h.tick().resumed == []
+
+
+def _let_in_then_another_waits(**params: Any) -> tuple[Harness, str]:
+    """W0 (10,000) over its capacity with "a" and "b" running and losing 80% of its cache:
+    "small"'s waiting turn is let in without room (on its own event: no tick marks anyone
+    here). Then "a" comes back smaller (compacted), so W0 holds 10,500 with "small" and
+    9,300 without, and "s2", paused with "small", sends a turn (its request id is
+    returned)."""
+    h = _holding(resume_on_events=True, **params)
+    h.workers({W0: 10_000})
+    for session, tokens in (("small", 1_000), ("s2", 1_100), ("a", 3_000), ("b", 3_000)):
+        h.acting_on(session, W0, tokens)
+    a_turn, _ = h.turn("a", 5_000)  # sticky: 10,100 > 9,500
+    assert h.tick().paused == ["small", "s2"]  # smallest first, down to 9,000
+    h.turn("b", 5_500)  # sticky: 10,500, past the capacity
+    h.scheduler.cache_loss.observe(W0, 1_000, 200)  # the engine lost 80% of what was expected
+    _, d = h.turn("small", 1_200)
+    assert ("small", W0) in d.resumed and h.scheduler.counters["released_evicting"] == 1
+    h.scheduler.sent(a_turn, W0, h.now)
+    h.complete(a_turn, 5_010)
+    h.turn("a", 3_800)  # a compaction: a new, shorter prompt, sticky
+    assert h.scheduler.table.usage(W0) == 10_500
+    rid, _ = h.turn("s2", 1_300)
+    return h, rid
+
+
+def test_a_rank_over_its_capacity_only_by_the_turns_it_let_in_does_not_evict_anyway() -> None:
+    h, rid = _let_in_then_another_waits(hold_excludes_let_in=True)
+    assert all(r.request_id != rid for r in h.log[-1].released)
+    state = h.scheduler.snapshot(h.now)
+    assert state["let_in_tokens"] == {str(W0): 1_200} and state["evicting_anyway"] == []
+    assert all(r.request_id != rid for r in h.tick().released)
+    assert h.scheduler.counters["released_evicting"] == 1
+
+
+def test_without_hold_excludes_let_in_the_turns_let_in_keep_the_rank_evicting() -> None:
+    h, rid = _let_in_then_another_waits()
+    assert any(r.request_id == rid for r in h.log[-1].released)  # at once, on its event
+    assert h.scheduler.snapshot(h.now)["evicting_anyway"] == [str(W0)]
+    assert h.scheduler.counters["released_evicting"] == 2
+
+
+def test_a_program_let_in_counts_again_once_it_pauses_moves_or_leaves() -> None:
+    for leave in ("pause", "move", "final"):
+        h, _ = _let_in_then_another_waits(hold_excludes_let_in=True)
+        scheduler = h.scheduler
+        assert set(scheduler._let_in) == {"small"}
+        small = h.program("small")
+        if leave == "pause":
+            scheduler._pause(small, h.now, Decisions())
+        elif leave == "move":
+            scheduler._move(small, W1, Decisions(), "placed")
+        else:
+            scheduler._drop(small, Decisions(), EventKind.ENDED, "session_final")
+        assert scheduler._let_in == {}, leave
 
 
 def test_a_new_program_held_back_runs_once_every_rank_evicts_anyway() -> None:

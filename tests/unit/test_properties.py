@@ -91,6 +91,9 @@ PARAMETER_SETS = [
     dict(buffer_per_program=10, hold_max_cache_loss=0.5, resume_on_events=True,
          resume_affinity=True, price_moves=True, pause_min_recompute_ratio=0.0,
          idle_horizon_factor=2.0, pause_min_cache_loss=0.2),
+    # ... judged without the programs let in that way (the extended policy's way).
+    dict(buffer_per_program=10, hold_max_cache_loss=0.5, hold_excludes_let_in=True,
+         resume_on_events=True, resume_affinity=True, price_moves=True),
     # Aging makes room: a turn waiting past max_wait_seconds pauses programs of its rank.
     dict(buffer_per_program=10, max_wait_seconds=12.0, aging_makes_room=True,
          resume_on_events=True, resume_affinity=True, min_residency_seconds=2.0),
@@ -666,6 +669,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         # Dormant programs are retained, idle, and were ACTIVE when found dormant.
         for sid, program in self.scheduler.idle.dormant.items():
             assert self.table.programs.get(sid) is program
+
+    @invariant()
+    def programs_let_in_without_room_are_active_where_they_were_let_in(self) -> None:
+        """``hold_excludes_let_in``'s set holds only retained, ACTIVE programs with a rank
+        (a pause, a move, a lost rank or the end of the program takes one out)."""
+        if not hasattr(self, "scheduler"):
+            return
+        for sid, program in self.scheduler._let_in.items():
+            assert self.table.programs.get(sid) is program, sid
+            assert program.lifecycle is Lifecycle.ACTIVE and program.worker is not None, sid
 
     @invariant()
     def nothing_is_expected_cached_for_a_program_that_gave_its_room_up(self) -> None:
