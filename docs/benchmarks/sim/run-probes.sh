@@ -62,6 +62,12 @@ cases=(
   "calibrated agentic-code, seed 2|--regime calibrated --workload agentic-code --seed 2 --agents 9,14"
   "cheap-recompute agentic-code|--regime cheap-recompute --workload agentic-code --agents 9,14"
   "tiered agentic-code|--regime tiered --workload agentic-code --agents 9,14"
+  # Tools that return within a second (tool times x0.1) on the mocker's own timing.
+  "cheap-recompute toy, tools x0.1|--regime cheap-recompute --workload synthetic --time-scale 0.1 --agents 20,30"
+  "cheap-recompute long, tools x0.1|--regime cheap-recompute --workload long --time-scale 0.1 --agents 24,36"
+  "cheap-recompute fanout, tools x0.1|--regime cheap-recompute --workload fanout --time-scale 0.1 --agents 14,22"
+  "cheap-recompute agentic-code, tools x0.1|--regime cheap-recompute --workload agentic-code --time-scale 0.1 --agents 7,9,14"
+  "calibrated agentic-code, tools x0.1|--regime calibrated --workload agentic-code --time-scale 0.1 --agents 9,14"
 )
 running=0
 for case in "${cases[@]}"; do
