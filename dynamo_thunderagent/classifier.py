@@ -24,9 +24,9 @@ import structlog
 from pydantic import BaseModel
 
 from dynamo_thunderagent.capacity import CapacityCard
-from dynamo_thunderagent.config import EmptyParameters, ThunderAgentParameters
 from dynamo_thunderagent.costs import TurnTiming
 from dynamo_thunderagent.decisions import Decisions, Reject, Release
+from dynamo_thunderagent.parameters import EmptyParameters, ThunderAgentParameters
 from dynamo_thunderagent.program import NO_PREFIX, PrefixBlocks, RequestState, WorkerKey
 from dynamo_thunderagent.program_log import SchedulerObserver, log_event
 from dynamo_thunderagent.scheduler import Scheduler

@@ -10,11 +10,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from dynamo_thunderagent.config import (
-    ThunderAgentParameters,
-    describe_validation_error,
-    load_policy_yaml,
-)
+from dynamo_thunderagent.config import describe_validation_error, load_policy_yaml
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 
 POLICY_DIR = (Path(__file__).resolve().parent / "policies").resolve()
 # Dynamo's parameter set only: the file both Dynamo's builtin plugin and ours read.

@@ -24,8 +24,8 @@ from typing import Protocol
 
 from dynamo_thunderagent.cache_loss import CacheLossMeter
 from dynamo_thunderagent.capacity import Capacity, UsageModel
-from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.costs import CostModel
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 from dynamo_thunderagent.program import Phase, Program, WorkerKey
 from dynamo_thunderagent.program_table import ProgramTable
 

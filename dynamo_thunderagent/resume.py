@@ -34,8 +34,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from dynamo_thunderagent.capacity import Capacity
-from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.costs import CostModel
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 from dynamo_thunderagent.program import Phase, Program, WorkerKey
 from dynamo_thunderagent.program_table import ProgramTable
 

@@ -44,7 +44,6 @@ from dynamo_thunderagent.cache_loss import (
     keeps_paused,
 )
 from dynamo_thunderagent.capacity import Capacity, CapacityCard, UsageModel
-from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.costs import (
     CostModel,
     EngineCosts,
@@ -63,6 +62,7 @@ from dynamo_thunderagent.decisions import (
     Release,
 )
 from dynamo_thunderagent.idle import IdlePrograms
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 from dynamo_thunderagent.pressure import pause_rule
 from dynamo_thunderagent.program import (
     NO_PREFIX,
@@ -587,6 +587,8 @@ class Scheduler:
                 program.tokens = prior.tokens
                 program.prefix = prior.prefix
                 if prior.worker is not None and self.capacity.is_live(prior.worker):
+                    if prior.worker != program.worker:  # a move at its release undone:
+                        self._let_in.pop(program.session_id, None)  # let in elsewhere
                     program.worker = prior.worker  # where its cache is
                     # ... and what it expected there, which its release (and a move made
                     # then) cleared; a pause or a lost worker since rewrote the snapshot.
@@ -761,10 +763,11 @@ class Scheduler:
 
     def evicting_anyway(self) -> frozenset[WorkerKey]:
         """Ranks where holding a turn back keeps no cache: their programs hold more than
-        the capacity (with ``hold_excludes_let_in``, not counting those let in without
-        room, :meth:`let_in_usage`), and the engine either evicts whatever is held back
-        (it lost at least ``hold_max_cache_loss`` of what continuing turns expected cached
-        there) or keeps it anyway (``pause_min_resume_loss``, :meth:`keeps_paused`)."""
+        the capacity, and the engine either evicts whatever is held back (it lost at least
+        ``hold_max_cache_loss`` of what continuing turns expected cached there; with
+        ``hold_excludes_let_in``, the overfill is counted without those let in without
+        room, :meth:`let_in_usage`) or keeps it anyway (``pause_min_resume_loss``,
+        :meth:`keeps_paused`: no pause drains such a rank, so nothing is left out)."""
         limit = self.params.hold_max_cache_loss
         if limit is None and self.params.pause_min_resume_loss is None:
             return frozenset()
@@ -772,9 +775,10 @@ class Scheduler:
         own = self.let_in_usage() if self.params.hold_excludes_let_in else {}
         return frozenset(
             worker for worker, cap in self.capacity.known.items()
-            if usage.get(worker, 0.0) - own.get(worker, 0.0) > cap
-            and ((limit is not None and (loss := self.cache_loss.loss_ratio(worker)) is not None
-                  and loss >= limit) or self.keeps_paused(worker)))
+            if ((limit is not None and usage.get(worker, 0.0) - own.get(worker, 0.0) > cap
+                 and (loss := self.cache_loss.loss_ratio(worker)) is not None
+                 and loss >= limit)
+                or (usage.get(worker, 0.0) > cap and self.keeps_paused(worker))))
 
     def let_in_usage(self) -> dict[WorkerKey, float]:
         """Per rank, what the programs resumed there without room hold (the pressure
@@ -783,10 +787,14 @@ class Scheduler:
         judgement let in, and the pause rule could never drain it (short tool calls: each
         pause is undone by the next release)."""
         own: dict[WorkerKey, float] = {}
-        charge = self.usage_model.charge
+        model, table = self.usage_model, self.table
         for program in self._let_in.values():
             if program.worker is not None:
-                own[program.worker] = own.get(program.worker, 0.0) + charge(program)
+                # Its marginal charge: a prefix another program there holds too is
+                # credited once in the rank's usage (shared_prefix_accounting).
+                shared = model.weight(program) * table.shared_prefix_tokens(program)
+                own[program.worker] = (own.get(program.worker, 0.0)
+                                       + max(0.0, model.charge(program) - shared))
         return own
 
     def keeps_paused(self, worker: WorkerKey) -> bool:

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel
 
-from dynamo_thunderagent.config import EmptyParameters, ThunderAgentSelectorParameters
+from dynamo_thunderagent.parameters import EmptyParameters, ThunderAgentSelectorParameters
 from dynamo_thunderagent.program import WorkerKey
 
 

@@ -26,8 +26,9 @@ from typing import Any
 
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.catalog import default_catalog, load_policy
-from dynamo_thunderagent.config import PolicyError, ThunderAgentParameters
+from dynamo_thunderagent.config import PolicyError
 from dynamo_thunderagent.costs import EngineCosts
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY
 from dynamo_thunderagent.program import Phase, WorkerKey
 from dynamo_thunderagent.quantile import percentile

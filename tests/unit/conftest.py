@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from dynamo_thunderagent.capacity import CapacityCard
-from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 from dynamo_thunderagent.program import (
     NO_PREFIX,
     Lifecycle,

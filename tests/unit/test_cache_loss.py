@@ -10,7 +10,7 @@ from dynamo_thunderagent.cache_loss import CacheLossMeter, expected_cached
 from dynamo_thunderagent.costs import EngineCosts
 from dynamo_thunderagent.decisions import EventKind
 from dynamo_thunderagent.dynamo.translate import StreamTracker
-from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.program import PrefixBlocks, WorkerKey
 from dynamo_thunderagent.scheduler import Decisions, Release
 
 from .conftest import W0, W1, Harness, make, over_threshold_on_w0, waiting_turn_on_w0
@@ -208,7 +208,7 @@ def test_without_hold_excludes_let_in_the_turns_let_in_keep_the_rank_evicting() 
 
 
 def test_a_program_let_in_counts_again_once_it_pauses_moves_or_leaves() -> None:
-    for leave in ("pause", "move", "final"):
+    for leave in ("pause", "move", "final", "worker_gone"):
         h, _ = _let_in_then_another_waits(hold_excludes_let_in=True)
         scheduler = h.scheduler
         assert set(scheduler._let_in) == {"small"}
@@ -217,9 +217,35 @@ def test_a_program_let_in_counts_again_once_it_pauses_moves_or_leaves() -> None:
             scheduler._pause(small, h.now, Decisions())
         elif leave == "move":
             scheduler._move(small, W1, Decisions(), "placed")
-        else:
+        elif leave == "final":
             scheduler._drop(small, Decisions(), EventKind.ENDED, "session_final")
+        else:
+            h.workers({W0: 10_000}, live=set())
+            h.tick()
+            assert small.worker is None
         assert scheduler._let_in == {}, leave
+
+
+def test_a_turn_let_in_on_another_rank_and_aborted_is_not_counted_where_it_returns() -> None:
+    h, rid = _let_in_then_another_waits(hold_excludes_let_in=True)
+    h.workers({W0: 10_000, W1: 10_000})
+    scheduler, s2 = h.scheduler, h.program("s2")
+    scheduler._resume(s2, W1, h.now, Decisions(), evicting=True)
+    assert s2.worker == W1 and set(scheduler._let_in) == {"small", "s2"}
+    h.abort(rid)  # nothing ran on W1: the program is back where its cache is
+    assert s2.worker == W0 and set(scheduler._let_in) == {"small"}
+    assert scheduler.let_in_usage() == {W0: 1_200}
+
+
+def test_a_program_let_in_is_excluded_by_what_it_adds_not_by_the_prefix_it_shares() -> None:
+    h = _holding(hold_excludes_let_in=True, shared_prefix_accounting=True)
+    h.workers({W0: 10_000})
+    system = PrefixBlocks(tuple(range(40)), 16)  # 640 tokens both prompts start with
+    h.acting_on("a", W0, 1_000, prefix=system)
+    h.acting_on("b", W0, 1_000, prefix=system)
+    assert h.scheduler.table.usage(W0) == 2_000 - 640  # the shared prefix counted once
+    h.scheduler._let_in["b"] = h.program("b")
+    assert h.scheduler.let_in_usage() == {W0: 1_000 - 640}  # what "b" adds to W0
 
 
 def test_a_new_program_held_back_runs_once_every_rank_evicts_anyway() -> None:
@@ -301,3 +327,13 @@ def test_turns_with_no_home_spread_over_the_ranks_when_every_rank_evicts_anyway(
     # the first on W1 (10,300 held against W0's 10,500), which its 2,000 then fill past
     # W0, so the second on W0. Read from the table alone, both would land on W1.
     assert released[first] == W1 and released[second] == W0
+
+
+def test_a_rank_that_keeps_paused_caches_counts_the_turns_it_let_in() -> None:
+    # No pause drains such a rank (pausing there saves nothing): leaving its let-in
+    # turns out would hold the next turn back until resume_timeout.
+    h, _ = _let_in_then_another_waits(hold_excludes_let_in=True, pause_min_resume_loss=0.5)
+    scheduler = h.scheduler
+    assert scheduler.evicting_anyway() == frozenset()  # not measured to keep anything yet
+    scheduler.keeps_paused = lambda worker: worker == W0  # type: ignore[method-assign]
+    assert scheduler.evicting_anyway() == {W0}

@@ -16,7 +16,7 @@ from dynamo_thunderagent.classifier import (
     Sent,
     ThunderAgentClassifier,
 )
-from dynamo_thunderagent.config import (
+from dynamo_thunderagent.parameters import (
     EmptyParameters,
     ThunderAgentParameters,
     ThunderAgentSelectorParameters,

@@ -13,7 +13,8 @@ from dynamo_thunderagent.catalog import (
 )
 from dynamo_thunderagent.classifier import ThunderAgentClassifier
 from dynamo_thunderagent.cli import main
-from dynamo_thunderagent.config import PolicyError, ThunderAgentParameters
+from dynamo_thunderagent.config import PolicyError
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_POLICY = REPO / "policies" / "thunderagent.yaml"

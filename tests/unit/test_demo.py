@@ -252,7 +252,7 @@ def test_the_demo_runs_ours_as_bench_live_does_on_the_regimes_clock(
     from dynamo_thunderagent.bench.live import prepare_regime
     from dynamo_thunderagent.bench.runner import RunSpec
     from dynamo_thunderagent.catalog import default_catalog, load_policy
-    from dynamo_thunderagent.config import ThunderAgentParameters
+    from dynamo_thunderagent.parameters import ThunderAgentParameters
 
     config = config_from_args(_args("--out", str(tmp_path)))
     prepared = prepare_regime(config.live_config(), config.regime, tmp_path)

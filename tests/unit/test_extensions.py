@@ -233,7 +233,7 @@ def test_min_residency_spares_a_program_that_just_resumed() -> None:
 
 
 def test_extension_defaults_are_the_parity_behaviour() -> None:
-    from dynamo_thunderagent.config import ThunderAgentParameters
+    from dynamo_thunderagent.parameters import ThunderAgentParameters
 
     p = ThunderAgentParameters()
     assert (p.resume_on_events, p.pressure_decay, p.pause_order, p.shared_prefix_accounting,

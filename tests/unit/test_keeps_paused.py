@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from dynamo_thunderagent.cache_loss import KEEPS_PAUSED_MIN_RESUMES, CacheLossMeter, keeps_paused
 from dynamo_thunderagent.capacity import CapacityCard
-from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 from dynamo_thunderagent.program import PrefixBlocks, WorkerKey
 from dynamo_thunderagent.scheduler import Release
 

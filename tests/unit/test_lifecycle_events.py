@@ -10,7 +10,6 @@ import pytest
 
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.classifier import ClassifyRequest, Completed, Sent, ThunderAgentClassifier
-from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.decisions import Decisions
 from dynamo_thunderagent.dynamo.notify import (
     EventPublisher,
@@ -19,6 +18,7 @@ from dynamo_thunderagent.dynamo.notify import (
     table_worker_of,
 )
 from dynamo_thunderagent.events import LifecycleEvent, Subscriber
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.stack.process import free_port
 

@@ -16,7 +16,7 @@ from dynamo_thunderagent.bench import live_cli
 from dynamo_thunderagent.bench.live import prepare_regime
 from dynamo_thunderagent.bench.live_sweep import ArmSpec
 from dynamo_thunderagent.catalog import default_catalog, load_policy
-from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 from dynamo_thunderagent.policy_files import (
     DYNAMO_PARAMETERS,
     EXTENDED_POLICY,

@@ -20,8 +20,8 @@ from hypothesis.stateful import invariant, run_state_machine_as_test
 from structlog.testing import capture_logs
 
 from dynamo_thunderagent.capacity import CapacityCard
-from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.decisions import REJECT_LIMITS, Decisions, EventKind, ProgramEvent
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 from dynamo_thunderagent.program import NO_PREFIX, PrefixBlocks, WorkerKey
 from dynamo_thunderagent.program_log import configure_logging, log_event
 from dynamo_thunderagent.scheduler import Scheduler

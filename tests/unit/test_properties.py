@@ -39,8 +39,8 @@ from dynamo_thunderagent.classifier import (
     ClassifyRequest,
     ThunderAgentClassifier,
 )
-from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.costs import EngineCosts
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 from dynamo_thunderagent.program import (
     Lifecycle,
     Phase,
@@ -91,7 +91,7 @@ PARAMETER_SETS = [
     dict(buffer_per_program=10, hold_max_cache_loss=0.5, resume_on_events=True,
          resume_affinity=True, price_moves=True, pause_min_recompute_ratio=0.0,
          idle_horizon_factor=2.0, pause_min_cache_loss=0.2),
-    # ... judged without the programs let in that way (the extended policy's way).
+    # ... judged without the programs let in that way (hold_excludes_let_in, off by default).
     dict(buffer_per_program=10, hold_max_cache_loss=0.5, hold_excludes_let_in=True,
          resume_on_events=True, resume_affinity=True, price_moves=True),
     # Aging makes room: a turn waiting past max_wait_seconds pauses programs of its rank.
@@ -671,7 +671,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self.table.programs.get(sid) is program
 
     @invariant()
-    def programs_let_in_without_room_are_active_where_they_were_let_in(self) -> None:
+    def programs_let_in_without_room_are_retained_active_and_placed(self) -> None:
         """``hold_excludes_let_in``'s set holds only retained, ACTIVE programs with a rank
         (a pause, a move, a lost rank or the end of the program takes one out)."""
         if not hasattr(self, "scheduler"):

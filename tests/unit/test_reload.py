@@ -17,10 +17,10 @@ from pydantic import BaseModel, ConfigDict
 
 from dynamo_thunderagent.catalog import builtin_catalog, load_policy
 from dynamo_thunderagent.classifier import ThunderAgentClassifier
-from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.costs import EngineCosts, MeasuredRecompute, TurnTiming
 from dynamo_thunderagent.dynamo.reload import PolicyReloader, plan_reload
 from dynamo_thunderagent.dynamo.serve import _operate
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 from dynamo_thunderagent.program import Lifecycle
 from dynamo_thunderagent.selector import ThunderAgentSelector
 

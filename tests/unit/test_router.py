@@ -24,8 +24,8 @@ from dynamo_thunderagent.classifier import (
     Sent,
     ThunderAgentClassifier,
 )
-from dynamo_thunderagent.config import ThunderAgentParameters, ThunderAgentSelectorParameters
 from dynamo_thunderagent.dynamo.router import FAILOVER_LIMIT, ThunderAgentRouter
+from dynamo_thunderagent.parameters import ThunderAgentParameters, ThunderAgentSelectorParameters
 from dynamo_thunderagent.program import Lifecycle, Phase, RequestState, WorkerKey
 from dynamo_thunderagent.selector import ThunderAgentSelector
 

@@ -46,7 +46,7 @@ from dynamo_thunderagent.bench.sim.timing import TimingModel
 from dynamo_thunderagent.bench.workload import Background, warm_start
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.catalog import load_policy
-from dynamo_thunderagent.config import ThunderAgentParameters
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY, PARITY_POLICY
 from dynamo_thunderagent.program import Phase, WorkerKey
 from dynamo_thunderagent.scheduler import Scheduler

@@ -20,9 +20,9 @@ import pytest
 from rich.console import Console
 
 from dynamo_thunderagent.capacity import CapacityCard
-from dynamo_thunderagent.config import ThunderAgentParameters
 from dynamo_thunderagent.dynamo.notify import LifecycleNotifier, table_worker_of
 from dynamo_thunderagent.dynamo.stats import RouterStats
+from dynamo_thunderagent.parameters import ThunderAgentParameters
 from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.scheduler import Scheduler
 from dynamo_thunderagent.top import render, run_top

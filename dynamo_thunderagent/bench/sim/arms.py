@@ -31,15 +31,10 @@ from dynamo_thunderagent.bench.sim.engine import Cluster, SimRequest
 from dynamo_thunderagent.bench.sim.python_port import DynamoPythonArm
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.catalog import Catalog, default_catalog, load_policy
-from dynamo_thunderagent.config import (
-    PolicyError,
-    ThunderAgentParameters,
-    ThunderAgentSelectorParameters,
-    parse_policy,
-    with_host_tier,
-)
+from dynamo_thunderagent.config import PolicyError, parse_policy, with_host_tier
 from dynamo_thunderagent.costs import TurnTiming
 from dynamo_thunderagent.decisions import Decisions
+from dynamo_thunderagent.parameters import ThunderAgentParameters, ThunderAgentSelectorParameters
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY
 from dynamo_thunderagent.program import (
     Lifecycle,
