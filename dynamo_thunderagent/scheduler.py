@@ -879,10 +879,18 @@ class Scheduler:
         self.usage_model.hold_seconds = 0.0 if hold is None or refill is None else hold * refill
         self.yield_seconds = None if yield_ is None or refill is None else yield_ * refill
 
+    @property
+    def yield_horizon(self) -> float | None:
+        """``acting_yield_factor``'s horizon now: the time the engine takes to re-prefill a
+        mean pool, times the turns running per rank (a re-prefill holds them all up, so
+        keeping the room saves that much; None: off or not measured)."""
+        base = self.yield_seconds
+        return None if base is None else base * max(1.0, self.batch)
+
     def _yields(self, program: Program) -> bool:
         """Whether ``program``, now at its tool boundary, is expected back later than the
         yield horizon (twice its smoothed gap past it): it then yields its room."""
-        horizon = self.yield_seconds
+        horizon = self.yield_horizon
         if horizon is None or program.lifecycle is not Lifecycle.ACTIVE:
             return False  # off, unmeasured, or paused (its turn never ran: no boundary)
         if program.waiting or program.final_request is not None:

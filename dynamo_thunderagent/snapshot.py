@@ -27,7 +27,8 @@ class SchedulerView(Protocol):
     usage_model: UsageModel
     cache_loss: CacheLossMeter
     resume_loss: CacheLossMeter
-    yield_seconds: float | None
+    @property
+    def yield_horizon(self) -> float | None: ...
 
     @property
     def sessionless_tokens(self) -> Mapping[WorkerKey, int]: ...
@@ -103,7 +104,7 @@ def scheduler_snapshot(scheduler: SchedulerView, now: float) -> dict[str, object
     held = s.sessionless_tokens
     state["sessionless_tokens"] = {str(w): t for w, t in held.items()}
     state["sessionless_reserved_tokens"] = {str(w): s.capacity.taken_off(w) for w in held}
-    state["acting_yield_seconds"] = s.yield_seconds
+    state["acting_yield_seconds"] = s.yield_horizon
     # The turns waiting for room, longest wait first (what `top` shows as the queue).
     state["deferred"] = [
         {"session_id": p.session_id, "tokens": p.tokens, "phase": p.phase.value,

@@ -35,7 +35,6 @@ LEFT_OFF: dict[str, dict[str, Any]] = {
     "expected_return": {"pause_order": "expected_return"},
     "cache_loss_gate": {"pause_min_cache_loss": 0.05},
     "acting_hold": {"acting_hold_factor": 1.0},
-    "acting_yield": {"acting_yield_factor": 1.0},
     "aging_makes_room": {"aging_makes_room": True, "max_wait_seconds": 60},
     "let_in_excluded": {"hold_excludes_let_in": True, "hold_max_cache_loss": 0.5},
 }

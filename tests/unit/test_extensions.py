@@ -574,6 +574,20 @@ def test_a_program_expected_back_within_the_horizon_keeps_its_room() -> None:
     assert h.scheduler.counters["yields"] == 0
 
 
+def test_the_yield_horizon_grows_with_the_turns_a_re_prefill_would_hold_up() -> None:
+    # Keeping a program's room saves its re-prefill, and a re-prefill holds up every turn
+    # running on the rank: with two turns running the horizon is twice the pool's 20 s.
+    h = _yield_harness(1.0)
+    for session in ("a", "b"):
+        rid, d = h.turn(session, 10)
+        assert isinstance(d.outcome(rid), Release)
+        h.scheduler.sent(rid, W0, h.now)
+    assert h.scheduler.snapshot(h.now)["acting_yield_seconds"] == 40.0
+    _back_from_a_tool(h, "slow", gap=15.0, tokens=900)  # twice 15 s: past 20 s, not 40 s
+    assert not h.program("slow").yielded
+    assert h.scheduler.table.usage(W0) >= 900
+
+
 def test_no_program_yields_before_it_has_a_gap_or_the_engine_is_measured() -> None:
     h = _yield_harness(1.0)
     h.acting_on("first", W0, 400)  # one turn: no gap history yet

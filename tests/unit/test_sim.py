@@ -456,7 +456,8 @@ def test_the_extended_policy_bounds_every_wait_at_its_resume_timeout(
     parity's 1800 s timeout; the shipped policy releases a turn once it has waited
     ``resume_timeout_seconds`` (plus a tick). (Without the timeout, the comparison also
     leaves out ``pause_min_resume_loss``, which lets waiting turns run on a rank judged to
-    keep paused programs, and in this run shortens the longest wait by itself.)"""
+    keep paused programs, and ``acting_yield_factor``, whose yielded programs free room;
+    in this run each shortens the longest wait by itself.)"""
     classifier = load_policy(EXTENDED_POLICY).classifier
     assert classifier is not None
     parameters = classifier.parameters
@@ -465,9 +466,10 @@ def test_the_extended_policy_bounds_every_wait_at_its_resume_timeout(
     waits = []
     without_timeout = tmp_path / "without-timeout.yaml"
     text = (ABLATION_DIR / "minus_resume_timeout_seconds.yaml").read_text(encoding="utf-8")
-    assert "    pause_min_resume_loss: 0.2\n" in text
-    without_timeout.write_text(text.replace("    pause_min_resume_loss: 0.2\n", ""),
-                               encoding="utf-8")
+    for line in ("    pause_min_resume_loss: 0.2\n", "    acting_yield_factor: 1\n"):
+        assert line in text
+        text = text.replace(line, "")
+    without_timeout.write_text(text, encoding="utf-8")
     for policy in (EXTENDED_POLICY, without_timeout):
         code = cli.main(["bench", "sim", "--regime", "calibrated", "--workload",
                          "agentic-code", "--agents", "16", "--arms", "ours", "--window-s",
