@@ -12,7 +12,7 @@ the resume planner (:mod:`~dynamo_thunderagent.resume`: who comes back, and
 where programs run). This module applies their plans and owns every state
 change, and says why it took each step where it takes it (``Decisions.steps``,
 ``Reject.limit``): only there is the reason known. It is longer than most
-(about 970 lines) because admission, the four lifecycle events, pause/resume and the
+(about 1,000 lines) because admission, the four lifecycle events, pause/resume and the
 tick are one algorithm that reads best top to bottom; what is not part of it lives
 beside it: the ledger of traffic no program owns (:mod:`~dynamo_thunderagent.sessionless`),
 where aged turns make room (the planner's ``aged_room``), carrying measured costs across
