@@ -109,7 +109,8 @@ class Scheduler:
         # Requests without a session id running now, and their prompt tokens per rank
         # (``sessionless_kv``); at most max_tracked_requests of them are followed.
         self.sessionless = SessionlessTraffic()
-        # acting_yield_factor's horizon in seconds (None: off or not measured; _set_hold).
+        # acting_yield_factor's horizon for a batch of one, in seconds (None: off or not
+        # measured; _set_hold); yield_horizon scales it by the running batch.
         self.yield_seconds: float | None = None
         # PAUSED programs whose turn waits for room: the only programs that hold a new
         # program back, and the resume candidates when idle horizons are on.
@@ -869,9 +870,9 @@ class Scheduler:
 
     def _set_hold(self) -> None:
         """The hold of ``acting_hold_factor`` and the yield horizon of
-        ``acting_yield_factor``: that many times the time the engine takes to re-prefill a
-        mean worker/rank's whole pool (the hold 0, the horizon None, until the cost is
-        measured)."""
+        ``acting_yield_factor`` for a batch of one: that many times the time the engine
+        takes to re-prefill a mean worker/rank's whole pool (the hold 0, the horizon None,
+        until the cost is measured)."""
         hold, yield_ = self.params.acting_hold_factor, self.params.acting_yield_factor
         known = self.capacity.known
         refill = (self.costs.stall_seconds(round(self.capacity.total / len(known)), 1.0)
