@@ -25,6 +25,7 @@ from dynamo_thunderagent.bench.sim.arms import (
     potential_loads,
 )
 from dynamo_thunderagent.bench.sim.command import add_arguments, run_case, spec_from_args
+from dynamo_thunderagent.bench.sim.contract import kv_route
 from dynamo_thunderagent.bench.sim.engine import (
     Cluster,
     EngineConfig,
@@ -203,6 +204,22 @@ def test_the_selector_sees_each_workers_load_as_the_kv_router_predicts_it_for_th
     workers[1].submit(_request("b", 0, 300, 50, system=0))  # queued or running there
     _, busier = potential_loads(Cluster(workers), follow)
     assert busier.prefill_tokens > 150 and busier.decode_blocks > 10
+
+
+def test_stock_keeps_a_session_on_its_worker_however_busy_as_dynamos_soft_affinity_does(
+        ) -> None:
+    """Live, Dynamo 1.6.1's soft affinity never moves a session off a serving worker
+    (tests/e2e/test_stack_smoke.py); a slack models an affinity that weighs load."""
+    loop = EventLoop()
+    workers = [Worker(i, EngineConfig(64, 16, LINEAR), loop, lambda r: None, lambda r: None)
+               for i in range(2)]
+    for n in range(3):
+        workers[0].submit(_request(f"busy{n}", 0, 200, 100, system=0))  # worker 0 decodes
+    follow = _request("a", 1, 40, 5, now=loop.now)
+    cluster = Cluster(workers)
+    assert kv_route(cluster, follow, None) == 1  # unbound: the cheaper worker
+    assert kv_route(cluster, follow, 0) == 0  # bound: its worker, however busy
+    assert kv_route(cluster, follow, 0, affinity_slack=0.1) == 1
 
 
 def test_request_waits_in_the_queue_until_its_blocks_fit() -> None:

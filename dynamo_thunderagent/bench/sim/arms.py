@@ -67,11 +67,13 @@ def potential_loads(cluster: Cluster, request: SimRequest) -> list[WorkerLoad]:
 
 
 class StockArm(Arm):
-    """Stock KV routing with soft session affinity: every turn is routed at once."""
+    """Stock KV routing with soft session affinity: every turn is routed at once, a session's
+    first by the KV router's cost and the rest where the first went (``affinity_slack``: see
+    :func:`kv_route`)."""
 
     name = "stock"
 
-    def __init__(self, affinity_slack: float = 0.1) -> None:
+    def __init__(self, affinity_slack: float | None = None) -> None:
         super().__init__()
         self.affinity_slack = affinity_slack
         self._bound: dict[str, int] = {}
@@ -98,7 +100,7 @@ class TtlPinningArm(StockArm):
 
     name = "ttl-pinning"
 
-    def __init__(self, ttl_s: float, affinity_slack: float = 0.1) -> None:
+    def __init__(self, ttl_s: float, affinity_slack: float | None = None) -> None:
         super().__init__(affinity_slack)
         self.ttl_s = ttl_s
 

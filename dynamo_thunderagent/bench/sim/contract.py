@@ -100,16 +100,19 @@ class Arm(ABC):
 
 # ---- request-level KV routing -------------------------------------------------------------
 def kv_route(cluster: Cluster, request: SimRequest, bound: int | None,
-             overlap_weight: float = 1.0, affinity_slack: float = 0.1) -> int:
+             overlap_weight: float = 1.0, affinity_slack: float | None = None) -> int:
     """The worker stock KV routing picks: least ``overlap_weight x prefill + decode`` blocks.
 
     Prefill blocks: this request's uncached blocks on the worker plus the uncached prompt
     tokens already routed there; decode blocks: blocks of every unfinished request routed
     there plus this one's (Dynamo's KV router cost, at temperature 0; ties go to the lowest
     worker index). Soft session affinity: the worker the session is bound to (its previous
-    turn's) wins unless another is cheaper by more than ``affinity_slack`` (a fraction). Our
-    reading of Dynamo's ``--router-session-affinity-mode soft`` ("a policy-visible
-    preference"); the slack is a modelling choice.
+    turn's) always wins, as Dynamo 1.6.1's ``--router-session-affinity-mode soft`` does with
+    the default selector while that worker serves (measured: sessions bound to a worker
+    decoding long replies stayed there while the other idled, `tests/e2e/test_stack_smoke.py`);
+    with ``affinity_slack`` (a fraction), it wins unless another worker is cheaper by more
+    than that, a model of an affinity that weighs load (the simulator's stock arm used 0.1
+    until 2026-12-06).
     """
     size = cluster.block_size
     blocks = math.ceil(request.prompt_tokens / size)
@@ -119,7 +122,8 @@ def kv_route(cluster: Cluster, request: SimRequest, bound: int | None,
         prefill = uncached + worker.prefill_tokens() / size
         costs.append(overlap_weight * prefill + worker.decode_blocks() + blocks)
     best = min(range(len(costs)), key=lambda i: (costs[i], i))
-    if bound is not None and costs[bound] <= costs[best] * (1.0 + affinity_slack):
+    if bound is not None and (affinity_slack is None
+                              or costs[bound] <= costs[best] * (1.0 + affinity_slack)):
         return bound
     return best
 
