@@ -69,7 +69,7 @@ from dynamo_thunderagent.dynamo.translate import (
     session_final_response,
     worker_loads,
 )
-from dynamo_thunderagent.dynamo.waiting import until_stopped
+from dynamo_thunderagent.dynamo.waiting import ClientWatch, until_stopped
 from dynamo_thunderagent.dynamo.workers import CardSource, ClientLike, WorkerWatch
 from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.selector import NoEligibleWorker, WorkerLoad, WorkerSelector
@@ -87,6 +87,10 @@ ORPHAN_SECONDS = 5.0
 
 class StreamCut(Exception):
     """A worker's stream ended without a finish reason."""
+
+
+class ClientGone(Exception):
+    """Dynamo stopped the request (its client left) while its worker sent nothing."""
 
 
 class EngineError(Exception):
@@ -240,6 +244,7 @@ class ThunderAgentRouter:
         # What has reached the client, so that a worker lost mid-turn costs the turn nothing.
         continuation = Continuation(request)
         watched = self.stalls.streams[ticket] = Watched(tracker)
+        client = ClientWatch.start(context, watched)
         try:
             forwarded, target = await self._forward(request, admission)
             while True:
@@ -259,10 +264,14 @@ class ThunderAgentRouter:
                         # The read of the worker's next chunk, where the stall watch may
                         # cut it.
                         watched.pending = ensure_future(next_chunk())
+                        if watched.client_gone:  # it left before this read began
+                            watched.pending.cancel()
                         chunk = await watched.pending
                     except StopAsyncIteration:
                         break
                     except asyncio.CancelledError:
+                        if _cut_for_the_client(watched):
+                            raise ClientGone from None
                         if not _cut_by_the_watch(watched):
                             raise  # the client's (or a shutdown's)
                         lost = WorkerLeft(f"worker {watched.worker_id} left discovery and "
@@ -318,6 +327,15 @@ class ThunderAgentRouter:
             self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"),
                          sessionless)
             raise
+        except ClientGone:  # nobody to answer (the worker's own request is not cancelled:
+            # Dynamo 1.6.1's KV router binding takes no context, and dropping its stream
+            # tells a worker that sends nothing nothing; docs/reliability.md)
+            self._report(admission, tracker.abort("the client went away while the worker "
+                                                  "sent nothing"), sessionless)
+            log.info("request.cancelled", request_id=request_id,
+                     worker=str(tracker.sent_to or target),
+                     reason="client went away while its worker sent nothing")
+            return
         except EngineError as error:  # already reported as aborted by the tracker
             self.stats.errors += 1
             serving = tracker.sent_to or target  # a request the KV router placed: its chunk's
@@ -351,6 +369,8 @@ class ThunderAgentRouter:
                 f"request {request_id} failed at {where}: {type(error).__name__}: {error}"
             ) from error
         finally:
+            if client is not None:
+                client.stop()
             self._landed(continuation)
             del self.stalls.streams[ticket]
             if not admission.tracked:
@@ -657,6 +677,17 @@ def _cut_by_the_watch(watched: Watched) -> bool:
     cut, watched.cut = watched.cut, False
     cancelling = getattr(current_task(), "cancelling", None)
     return cut and not (cancelling is not None and cancelling())
+
+
+def _cut_for_the_client(watched: Watched) -> bool:
+    """Whether the cancellation being handled is the :class:`ClientWatch`'s cut: not where
+    the handler's task itself was cancelled (that goes on as a cancellation). A stall cut
+    at the same time is moot: there is nobody left to fail over for."""
+    cancelling = getattr(current_task(), "cancelling", None)
+    if not watched.client_gone or (cancelling is not None and cancelling()):
+        return False
+    watched.cut = False
+    return True
 
 
 def _stopped(context: Any) -> bool:

@@ -40,6 +40,7 @@ class Watched:
     # cannot be cancelled).
     pending: asyncio.Future[Any] | None = None
     cut: bool = False  # its read cancelled by the watch
+    client_gone: bool = False  # Dynamo stopped the request: its read is cancelled too
     gone_since: float | None = None  # its worker not listed since (or its last token since)
     tokens_seen: int = 0
 

@@ -1,8 +1,9 @@
-"""Waiting for admission while the client may go away (the router's request path).
+"""Waiting while the client may go away (the router's request path).
 
 Dynamo cancels a request's handler, or signals through its context, when the client
 leaves. A request that waits for admission must then stop waiting, and an admission
-granted in that same loop step must still be ended: nobody will forward it.
+granted in that same loop step must still be ended: nobody will forward it. A request
+that waits for its worker's next chunk must stop waiting too (:class:`ClientWatch`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from dynamo_thunderagent.classifier import Admission
+from dynamo_thunderagent.dynamo.stalls import Watched
+
+# A request stopped rather than killed (the frontend may stop a generation it has what it
+# needs of) gets this long for its worker to end the stream before its read is cut.
+STOP_GRACE_SECONDS = 5.0
 
 
 async def until_stopped(awaitable: Awaitable[Admission], context: Any,
@@ -57,3 +63,56 @@ def _give_up(admission: asyncio.Future[Admission], orphaned: Callable[[Admission
         admission.cancel()
     elif not admission.cancelled() and admission.exception() is None:
         orphaned(admission.result())
+
+
+class ClientWatch:
+    """Cuts a forwarded request's read of its worker's next chunk once Dynamo ends the
+    request: at once when it is killed (its client left), after ``grace`` seconds when it
+    is only stopped. Dynamo signals either through the context and cancels nothing of a
+    handler that waits for a chunk: a worker that sends nothing more would otherwise keep
+    the turn in flight, its room booked and its session's next turns behind it, for ever.
+    ``watched.client_gone`` tells the handler why its read was cancelled."""
+
+    def __init__(self, context: Any, watched: Watched, signal: asyncio.Future[Any],
+                 grace: float) -> None:
+        self.context = context
+        self.watched = watched
+        self.signal = signal
+        self.grace = grace
+        self.timer: asyncio.TimerHandle | None = None
+        signal.add_done_callback(self._signalled)
+
+    @classmethod
+    def start(cls, context: Any, watched: Watched,
+              grace: float | None = None) -> ClientWatch | None:
+        """Watch ``context`` for ``watched``'s request (None: the context has no signal);
+        ``grace``: seconds a stopped request's read may wait (default STOP_GRACE_SECONDS)."""
+        if context is None:
+            return None
+        try:
+            signal = asyncio.ensure_future(context.async_killed_or_stopped())
+        except Exception:
+            return None
+        return cls(context, watched, signal, STOP_GRACE_SECONDS if grace is None else grace)
+
+    def stop(self) -> None:
+        """The request has ended: watch no more."""
+        self.signal.cancel()
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def _signalled(self, signal: asyncio.Future[Any]) -> None:
+        if signal.cancelled() or signal.exception() is not None:
+            return
+        killed = False
+        with contextlib.suppress(Exception):
+            killed = bool(self.context.is_killed())
+        if killed:
+            self._cut()
+        else:
+            self.timer = asyncio.get_running_loop().call_later(self.grace, self._cut)
+
+    def _cut(self) -> None:
+        self.watched.client_gone = True
+        if self.watched.pending is not None:
+            self.watched.pending.cancel()

@@ -10,7 +10,8 @@ engine answers ordinary requests at once and fails the ones whose ``max_tokens``
 * ``FAIL`` (92): raises ``Unknown`` before any token (an error of one request, not of the
   engine: the worker stays healthy);
 * ``CUT`` (93): streams three tokens, then ends the stream without a finish reason (an
-  engine that lost the request midway).
+  engine that lost the request midway);
+* ``SILENT`` (94): sends nothing and never ends (a stuck engine).
 
 Run as ``python tests/e2e/fault_engine.py --model-path DIR --served-model-name NAME
 --endpoint ns.component.endpoint --blocks N --block-size B``, in a stack's environment.
@@ -29,7 +30,7 @@ from dynamo.common.backend.run import run
 from dynamo.common.backend.worker import WorkerConfig
 from dynamo.llm.exceptions import InvalidArgument, Unknown
 
-REFUSE, FAIL, CUT = 91, 92, 93
+REFUSE, FAIL, CUT, SILENT = 91, 92, 93, 94
 REFUSAL_TEXT = "fault engine: this request is refused on purpose"
 FAILURE_TEXT = "fault engine: this request failed on purpose"
 
@@ -81,6 +82,8 @@ class FaultEngine(LLMEngine):
             raise InvalidArgument(REFUSAL_TEXT)
         if wanted == FAIL:
             raise Unknown(FAILURE_TEXT)
+        if wanted == SILENT:
+            await asyncio.Event().wait()  # never set: only a cancel ends it
         if wanted == CUT:
             for token in (11, 12, 13):
                 await asyncio.sleep(0.01)

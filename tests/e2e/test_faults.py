@@ -786,6 +786,41 @@ def test_an_engine_s_refusal_failure_and_cut_stream_each_end_once_and_cost_no_wo
         settles(stack, "an engine's refusal, failure and cut stream")
 
 
+def test_a_client_that_leaves_a_turn_its_engine_never_answers_ends_it_and_its_session_goes_on(
+        tmp_path: Path) -> None:
+    # The engine sends nothing for the turn and never ends it; its client gives up. Dynamo
+    # stops the request's context but cancels nothing of a handler waiting for a chunk:
+    # before the fix the turn stayed in flight for ever, its room booked, and the session's
+    # final (and, with queued turns, its next turns) waited behind it. (The engine's own
+    # request is not cancelled: Dynamo 1.6.1's KV router binding takes no context.)
+    import openai
+    from fault_engine import SILENT
+
+    with start_stack(tmp_path, num_workers=1) as stack:
+        fault = start_fault_worker(stack)
+        wait_until_ready(stack, 2)
+        with sync_client(stack) as client:
+            for i in range(12):  # new programs go to the less busy worker: about every other
+                session = f"agent-{i}"
+                reply = chat(client, [{"role": "user", "content": turn_text(session, 0)}],
+                             session=session)
+                if serving_worker(reply) == fault:
+                    break
+            else:
+                pytest.fail(f"none of 12 new programs went to the fault worker {fault}")
+        with sync_client(stack, timeout=3) as impatient, pytest.raises(openai.APITimeoutError):
+            chat(impatient, [{"role": "user", "content": turn_text(session, 1)}],
+                 session=session, max_tokens=SILENT)
+        wait_for_state(stack, lambda s: s["in_flight"] == 0
+                       and s["scheduler"]["tracked_requests"] == 0,
+                       "the abandoned turn to end", 30)
+        with sync_client(stack, timeout=30) as client:
+            reply = chat(client, [{"role": "user", "content": turn_text(session, 2)}],
+                         session=session)
+            assert reply.choices[0].finish_reason == "length"
+        settles(stack, "a turn its engine never answered")
+
+
 # ---- a bounded flood of session ids -----------------------------------------------------------
 async def test_a_flood_of_session_ids_stays_bounded_and_loses_nothing(tmp_path: Path) -> None:
     with start_stack(tmp_path, policy=extended_policy(

@@ -24,6 +24,7 @@ from dynamo_thunderagent.classifier import (
     Sent,
     ThunderAgentClassifier,
 )
+from dynamo_thunderagent.dynamo import waiting
 from dynamo_thunderagent.dynamo.router import FAILOVER_LIMIT, ThunderAgentRouter
 from dynamo_thunderagent.parameters import ThunderAgentParameters, ThunderAgentSelectorParameters
 from dynamo_thunderagent.program import Lifecycle, Phase, RequestState, WorkerKey
@@ -79,6 +80,7 @@ class FakeKvRouter:
         self.end_without_finish_on: set[int] = set()  # workers that cut the stream
         self.error_finish: str | None = None  # end with {"error": ...} as the engine does
         self.hang_on: set[int] = set()  # workers that send one token, then nothing (hung)
+        self.cancelled_streams = 0  # hung streams the router cancelled
 
     async def get_potential_loads(self, token_ids: list[int]) -> list[dict[str, int]]:
         self.load_queries += 1
@@ -117,7 +119,11 @@ class FakeKvRouter:
                 if worker in self.fail_after_first_on:
                     raise self.fail_after_first_on[worker]
                 if worker in self.hang_on:
-                    await asyncio.Event().wait()  # never set: only a cancel ends this
+                    try:
+                        await asyncio.Event().wait()  # never set: only a cancel ends this
+                    except asyncio.CancelledError:
+                        self.cancelled_streams += 1
+                        raise
 
 
 class FakeClient:
@@ -155,12 +161,21 @@ class FakeContext:
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self.stopped = asyncio.Event()
+        self.killed = False
 
     def id(self) -> str:
         return self.request_id
 
     def is_stopped(self) -> bool:
         return self.stopped.is_set()
+
+    def is_killed(self) -> bool:
+        return self.killed
+
+    def kill(self) -> None:
+        """As Dynamo's frontend does when the client disconnects."""
+        self.killed = True
+        self.stopped.set()
 
     async def async_killed_or_stopped(self) -> bool:
         await self.stopped.wait()
@@ -978,6 +993,41 @@ async def test_a_cancel_that_is_not_the_stall_watchs_still_ends_the_request() ->
     assert [type(e) for e in h.events_of("r1")] == [Sent, Responding, Aborted]
     assert h.router.stats.failovers == 0 and h.router.stats.stalled == 0
     assert h.router.stalls.streams == {} and h.router.in_flight == {}
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+async def test_a_client_that_leaves_while_its_worker_sends_nothing_ends_the_turn(
+        how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Dynamo signals a client's leaving through the context and cancels nothing of a
+    # handler waiting for a chunk: before this, a silent worker kept the turn in flight
+    # for ever, its session's final and (queued) next turns behind it.
+    monkeypatch.setattr(waiting, "STOP_GRACE_SECONDS", 0.01)
+    h = Harness(concurrent_turns="queue")
+    await collect(h.router, turn("s"), "r0")
+    h.kv.hang_on.add(A)
+    context = FakeContext("r1")
+    task = asyncio.create_task(
+        _drain(h.router.generate(turn("s", tokens=20), context)))
+    await until(lambda: any(w.pending is not None and w.tracker.generated_tokens
+                            for w in h.router.stalls.streams.values()), "the turn to hang on A")
+    if how == "killed":
+        context.kill()  # a client that disconnects: cut at once
+    else:
+        context.stopped.set()  # stopped only: cut once the grace has passed
+    chunks = await asyncio.wait_for(task, 5)
+    assert len(chunks) == 1  # the token that came; no error for nobody
+    assert [type(e) for e in h.events_of("r1")] == [Sent, Responding, Aborted]
+    assert h.kv.cancelled_streams == 1  # the worker's stream was let go
+    assert h.router.in_flight == {} and h.router.stalls.streams == {}
+    assert (h.router.stats.aborted, h.router.stats.errors) == (1, 0)
+    h.kv.hang_on.clear()  # the session goes on: its next turn and its final are served
+    assert (await collect(h.router, turn("s", tokens=30), "r2"))[-1]["finish_reason"] == "length"
+    await collect(h.router, turn("s", final=True), "r3")
+    assert "s" not in h.classifier.scheduler.table.programs
+
+
+async def _drain(stream: AsyncIterator[Any]) -> list[Any]:
+    return [chunk async for chunk in stream]
 
 
 async def test_a_stream_that_ends_without_a_finish_reason_is_aborted() -> None:
