@@ -17,7 +17,7 @@ from dynamo_thunderagent.classifier import Admission
 from dynamo_thunderagent.dynamo.stalls import Watched
 
 # A request stopped rather than killed (the frontend may stop a generation it has what it
-# needs of) gets this long for its worker to end the stream before its read is cut.
+# needs of) has its read cut only once its worker has sent nothing for this long.
 STOP_GRACE_SECONDS = 5.0
 
 
@@ -67,9 +67,10 @@ def _give_up(admission: asyncio.Future[Admission], orphaned: Callable[[Admission
 
 class ClientWatch:
     """Cuts a forwarded request's read of its worker's next chunk once Dynamo ends the
-    request: at once when it is killed (its client left), after ``grace`` seconds when it
-    is only stopped. Dynamo signals either through the context and cancels nothing of a
-    handler that waits for a chunk: a worker that sends nothing more would otherwise keep
+    request: at once when it is killed (its client left); when it is only stopped, once
+    the worker has sent nothing for ``grace`` seconds (a worker still streaming finishes
+    the turn as before). Dynamo signals either through the context and cancels nothing of
+    a handler that waits for a chunk: a worker that sends nothing more would otherwise keep
     the turn in flight, its room booked and its session's next turns behind it, for ever.
     ``watched.client_gone`` tells the handler why its read was cancelled."""
 
@@ -80,6 +81,7 @@ class ClientWatch:
         self.signal = signal
         self.grace = grace
         self.timer: asyncio.TimerHandle | None = None
+        self.tokens_seen = 0
         signal.add_done_callback(self._signalled)
 
     @classmethod
@@ -110,7 +112,17 @@ class ClientWatch:
         if killed:
             self._cut()
         else:
-            self.timer = asyncio.get_running_loop().call_later(self.grace, self._cut)
+            self._wait_for_silence()
+
+    def _wait_for_silence(self) -> None:
+        self.tokens_seen = self.watched.tracker.generated_tokens
+        self.timer = asyncio.get_running_loop().call_later(self.grace, self._silent_or_not)
+
+    def _silent_or_not(self) -> None:
+        if self.watched.tracker.generated_tokens != self.tokens_seen:
+            self._wait_for_silence()  # still streaming: it will end on its own
+        else:
+            self._cut()
 
     def _cut(self) -> None:
         self.watched.client_gone = True

@@ -81,6 +81,7 @@ class FakeKvRouter:
         self.error_finish: str | None = None  # end with {"error": ...} as the engine does
         self.hang_on: set[int] = set()  # workers that send one token, then nothing (hung)
         self.cancelled_streams = 0  # hung streams the router cancelled
+        self.token_delay = 0.0  # seconds between chunks (wall clock)
 
     async def get_potential_loads(self, token_ids: list[int]) -> list[dict[str, int]]:
         self.load_queries += 1
@@ -110,6 +111,8 @@ class FakeKvRouter:
             chunks = [{"token_ids": [], "finish_reason": {"error": self.error_finish},
                        "routing_data": chunks[0]["routing_data"]}]
         for index, chunk in enumerate(chunks):
+            if index and self.token_delay:
+                await asyncio.sleep(self.token_delay)
             yield chunk
             if index == 0:
                 if hold is not None:
@@ -1026,8 +1029,23 @@ async def test_a_client_that_leaves_while_its_worker_sends_nothing_ends_the_turn
     assert "s" not in h.classifier.scheduler.table.programs
 
 
-async def _drain(stream: AsyncIterator[Any]) -> list[Any]:
-    return [chunk async for chunk in stream]
+async def test_a_stopped_request_whose_worker_still_streams_finishes_its_turn(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Stopped, not killed, and its worker still sending: the read is never cut for
+    # silence (each check finds new tokens), and the turn ends as it would have.
+    monkeypatch.setattr(waiting, "STOP_GRACE_SECONDS", 0.02)
+    h = Harness()
+    h.kv.tokens, h.kv.token_delay = 30, 0.005  # 150 ms of tokens: several graces
+    request = turn("s", tokens=10)
+    request["stop_conditions"] = {"max_tokens": 30}
+    context = FakeContext("r1")
+    stream = h.router.generate(request, context)
+    chunks = [await stream.__anext__()]
+    context.stopped.set()
+    chunks += [chunk async for chunk in stream]
+    assert sum(len(c["token_ids"]) for c in chunks) == 30
+    assert chunks[-1]["finish_reason"] == "length"
+    assert [type(e) for e in h.events_of("r1")] == [Sent, Responding, Completed]
 
 
 async def test_a_stream_that_ends_without_a_finish_reason_is_aborted() -> None:
