@@ -69,7 +69,7 @@ from dynamo_thunderagent.dynamo.translate import (
     session_final_response,
     worker_loads,
 )
-from dynamo_thunderagent.dynamo.waiting import ClientWatch, until_stopped
+from dynamo_thunderagent.dynamo.waiting import until_stopped, watch_the_client
 from dynamo_thunderagent.dynamo.workers import CardSource, ClientLike, WorkerWatch
 from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.selector import NoEligibleWorker, WorkerLoad, WorkerSelector
@@ -244,7 +244,7 @@ class ThunderAgentRouter:
         # What has reached the client, so that a worker lost mid-turn costs the turn nothing.
         continuation = Continuation(request)
         watched = self.stalls.streams[ticket] = Watched(tracker)
-        client = ClientWatch.start(context, watched)
+        client = watch_the_client(context, watched)
         try:
             forwarded, target = await self._forward(request, admission)
             while True:
@@ -370,7 +370,7 @@ class ThunderAgentRouter:
             ) from error
         finally:
             if client is not None:
-                client.stop()
+                client.cancel()
             self._landed(continuation)
             del self.stalls.streams[ticket]
             if not admission.tracked:
@@ -585,15 +585,21 @@ class ThunderAgentRouter:
 
     def cut_stalled_streams(self) -> int:
         """Cut the streams stalled on a worker that discovery no longer lists (see
-        stalls.py): each fails over as its worker's failure. Returns how many."""
+        stalls.py): each fails over as its worker's failure. A silent stream its client
+        stopped is cut as well, for the client: its turn ends. Returns how many were cut
+        for their worker."""
         listed = self.workers.listed()
         cut = 0
         for watched in self.stalls.stalled(listed, self.clock()):
-            if watched.pending is not None and watched.pending.cancel():
-                watched.cut = True
-                cut += 1
-                log.warning("request.stalled", request_id=watched.tracker.request_id,
-                            worker=watched.worker_id, seconds=self.stalls.stall_seconds)
+            if watched.pending is None or not watched.pending.cancel():
+                continue
+            if watched.client_stopped:
+                watched.client_gone = True
+                continue
+            watched.cut = True
+            cut += 1
+            log.warning("request.stalled", request_id=watched.tracker.request_id,
+                        worker=watched.worker_id, seconds=self.stalls.stall_seconds)
         self.stats.stalled += cut
         return cut
 
@@ -675,19 +681,24 @@ def _cut_by_the_watch(watched: Watched) -> bool:
     left, a shutdown), which must go on as a cancellation. (Python 3.10 cannot tell; there
     the client check in ``_fail_over`` still ends the turn of a client that left.)"""
     cut, watched.cut = watched.cut, False
-    cancelling = getattr(current_task(), "cancelling", None)
-    return cut and not (cancelling is not None and cancelling())
+    return cut and not _handler_cancelled()
 
 
 def _cut_for_the_client(watched: Watched) -> bool:
-    """Whether the cancellation being handled is the :class:`ClientWatch`'s cut: not where
-    the handler's task itself was cancelled (that goes on as a cancellation). A stall cut
-    at the same time is moot: there is nobody left to fail over for."""
-    cancelling = getattr(current_task(), "cancelling", None)
-    if not watched.client_gone or (cancelling is not None and cancelling()):
+    """Whether the cancellation being handled is a cut for ``watched``'s client (see
+    :func:`watch_the_client`): not where the handler's task itself was cancelled (that goes
+    on as a cancellation). A stall cut at the same time is moot: there is nobody left to
+    fail over for."""
+    if not watched.client_gone or _handler_cancelled():
         return False
     watched.cut = False
     return True
+
+
+def _handler_cancelled() -> bool:
+    """Whether this handler's own task is being cancelled (Python 3.11's ``cancelling``)."""
+    cancelling = getattr(current_task(), "cancelling", None)
+    return cancelling is not None and bool(cancelling())
 
 
 def _stopped(context: Any) -> bool:

@@ -10,6 +10,11 @@ streams are served by a worker discovery no longer lists and have streamed nothi
 next chunk, nothing else), and its failover carries each turn on on a live worker. A worker
 that leaves while it still streams tokens (a graceful drain) is left to finish those streams;
 one of its streams with no token for that long (queued, or in a long prefill) is cut too.
+
+The same silence ends a stream whose client Dynamo has stopped (``Watched.client_stopped``):
+Dynamo cancels nothing of a handler waiting for a chunk, so a worker that sends nothing more
+would hold that turn for ever; one still streaming is left to finish, as above. Such a cut
+is the client's (``client_gone``), not the worker's: the turn ends, nothing fails over.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ class Watched:
     # cannot be cancelled).
     pending: asyncio.Future[Any] | None = None
     cut: bool = False  # its read cancelled by the watch
-    client_gone: bool = False  # Dynamo stopped the request: its read is cancelled too
+    client_stopped: bool = False  # Dynamo stopped the request: cut once it is silent
+    client_gone: bool = False  # its read cancelled for its client (killed, or stopped and silent)
     gone_since: float | None = None  # its worker not listed since (or its last token since)
     tokens_seen: int = 0
 
@@ -53,12 +59,13 @@ class StallWatch:
         self.streams: dict[int, Watched] = {}
 
     def stalled(self, listed: Collection[int], now: float) -> list[Watched]:
-        """The streams to cut: served by a worker not in ``listed`` (discovery's workers),
-        with no new token for ``stall_seconds`` since that was first seen, and waiting for
-        the worker's next chunk now."""
+        """The streams to cut: served by a worker not in ``listed`` (discovery's workers) or
+        stopped by their client, with no new token for ``stall_seconds`` since that was
+        first seen, and waiting for the worker's next chunk now."""
         cut: list[Watched] = []
         for watched in self.streams.values():
-            if watched.worker_id is None or watched.worker_id in listed:
+            worker_left = watched.worker_id is not None and watched.worker_id not in listed
+            if not (worker_left or watched.client_stopped):
                 watched.gone_since = None
                 continue
             tokens = watched.tracker.generated_tokens

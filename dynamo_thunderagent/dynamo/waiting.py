@@ -3,7 +3,7 @@
 Dynamo cancels a request's handler, or signals through its context, when the client
 leaves. A request that waits for admission must then stop waiting, and an admission
 granted in that same loop step must still be ended: nobody will forward it. A request
-that waits for its worker's next chunk must stop waiting too (:class:`ClientWatch`).
+that waits for its worker's next chunk must stop waiting too (:func:`watch_the_client`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,6 @@ from typing import Any
 
 from dynamo_thunderagent.classifier import Admission
 from dynamo_thunderagent.dynamo.stalls import Watched
-
-# A request stopped rather than killed (the frontend may stop a generation it has what it
-# needs of) has its read cut only once its worker has sent nothing for this long.
-STOP_GRACE_SECONDS = 5.0
 
 
 async def until_stopped(awaitable: Awaitable[Admission], context: Any,
@@ -65,66 +61,31 @@ def _give_up(admission: asyncio.Future[Admission], orphaned: Callable[[Admission
         orphaned(admission.result())
 
 
-class ClientWatch:
-    """Cuts a forwarded request's read of its worker's next chunk once Dynamo ends the
-    request: at once when it is killed (its client left); when it is only stopped, once
-    the worker has sent nothing for ``grace`` seconds (a worker still streaming finishes
-    the turn as before). Dynamo signals either through the context and cancels nothing of
-    a handler that waits for a chunk: a worker that sends nothing more would otherwise keep
-    the turn in flight, its room booked and its session's next turns behind it, for ever.
-    ``watched.client_gone`` tells the handler why its read was cancelled."""
+def watch_the_client(context: Any, watched: Watched) -> asyncio.Future[Any] | None:
+    """Mark ``watched`` once Dynamo ends its request: killed (its client left), its read of
+    the worker's next chunk is cut at once; only stopped (the frontend may stop a generation
+    it has what it needs of), it is marked for the stall watch, which cuts it once its
+    worker has been silent (stalls.py). Dynamo signals either through the context and
+    cancels nothing of a handler that waits for a chunk. Returns the signal, the caller's to
+    cancel when the request ends (None: the context has none)."""
+    if context is None:
+        return None
+    try:
+        signal: asyncio.Future[Any] = asyncio.ensure_future(context.async_killed_or_stopped())
+    except Exception:
+        return None
 
-    def __init__(self, context: Any, watched: Watched, signal: asyncio.Future[Any],
-                 grace: float) -> None:
-        self.context = context
-        self.watched = watched
-        self.signal = signal
-        self.grace = grace
-        self.timer: asyncio.TimerHandle | None = None
-        self.tokens_seen = 0
-        signal.add_done_callback(self._signalled)
-
-    @classmethod
-    def start(cls, context: Any, watched: Watched,
-              grace: float | None = None) -> ClientWatch | None:
-        """Watch ``context`` for ``watched``'s request (None: the context has no signal);
-        ``grace``: seconds a stopped request's read may wait (default STOP_GRACE_SECONDS)."""
-        if context is None:
-            return None
-        try:
-            signal = asyncio.ensure_future(context.async_killed_or_stopped())
-        except Exception:
-            return None
-        return cls(context, watched, signal, STOP_GRACE_SECONDS if grace is None else grace)
-
-    def stop(self) -> None:
-        """The request has ended: watch no more."""
-        self.signal.cancel()
-        if self.timer is not None:
-            self.timer.cancel()
-
-    def _signalled(self, signal: asyncio.Future[Any]) -> None:
+    def signalled(signal: asyncio.Future[Any]) -> None:
         if signal.cancelled() or signal.exception() is not None:
             return
+        watched.client_stopped = True
         killed = False
         with contextlib.suppress(Exception):
-            killed = bool(self.context.is_killed())
+            killed = bool(context.is_killed())
         if killed:
-            self._cut()
-        else:
-            self._wait_for_silence()
+            watched.client_gone = True
+            if watched.pending is not None:
+                watched.pending.cancel()
 
-    def _wait_for_silence(self) -> None:
-        self.tokens_seen = self.watched.tracker.generated_tokens
-        self.timer = asyncio.get_running_loop().call_later(self.grace, self._silent_or_not)
-
-    def _silent_or_not(self) -> None:
-        if self.watched.tracker.generated_tokens != self.tokens_seen:
-            self._wait_for_silence()  # still streaming: it will end on its own
-        else:
-            self._cut()
-
-    def _cut(self) -> None:
-        self.watched.client_gone = True
-        if self.watched.pending is not None:
-            self.watched.pending.cancel()
+    signal.add_done_callback(signalled)
+    return signal

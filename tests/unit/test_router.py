@@ -24,8 +24,8 @@ from dynamo_thunderagent.classifier import (
     Sent,
     ThunderAgentClassifier,
 )
-from dynamo_thunderagent.dynamo import waiting
 from dynamo_thunderagent.dynamo.router import FAILOVER_LIMIT, ThunderAgentRouter
+from dynamo_thunderagent.dynamo.stalls import STALL_SECONDS
 from dynamo_thunderagent.parameters import ThunderAgentParameters, ThunderAgentSelectorParameters
 from dynamo_thunderagent.program import Lifecycle, Phase, RequestState, WorkerKey
 from dynamo_thunderagent.selector import ThunderAgentSelector
@@ -1000,11 +1000,10 @@ async def test_a_cancel_that_is_not_the_stall_watchs_still_ends_the_request() ->
 
 @pytest.mark.parametrize("how", ["killed", "stopped"])
 async def test_a_client_that_leaves_while_its_worker_sends_nothing_ends_the_turn(
-        how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        how: str) -> None:
     # Dynamo signals a client's leaving through the context and cancels nothing of a
     # handler waiting for a chunk: before this, a silent worker kept the turn in flight
     # for ever, its session's final and (queued) next turns behind it.
-    monkeypatch.setattr(waiting, "STOP_GRACE_SECONDS", 0.01)
     h = Harness(concurrent_turns="queue")
     await collect(h.router, turn("s"), "r0")
     h.kv.hang_on.add(A)
@@ -1016,7 +1015,12 @@ async def test_a_client_that_leaves_while_its_worker_sends_nothing_ends_the_turn
     if how == "killed":
         context.kill()  # a client that disconnects: cut at once
     else:
-        context.stopped.set()  # stopped only: cut once the grace has passed
+        context.stopped.set()  # stopped only: the stall watch cuts it once it is silent
+        await until(lambda: all(w.client_stopped for w in h.router.stalls.streams.values()),
+                    "the stop to be seen")
+        assert h.router.cut_stalled_streams() == 0  # first seen silent
+        h.clock.now += STALL_SECONDS
+        assert h.router.cut_stalled_streams() == 0  # cut for the client, not its worker
     chunks = await asyncio.wait_for(task, 5)
     assert len(chunks) == 1  # the token that came; no error for nobody
     assert [type(e) for e in h.events_of("r1")] == [Sent, Responding, Aborted]
@@ -1029,20 +1033,29 @@ async def test_a_client_that_leaves_while_its_worker_sends_nothing_ends_the_turn
     assert "s" not in h.classifier.scheduler.table.programs
 
 
-async def test_a_stopped_request_whose_worker_still_streams_finishes_its_turn(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_stopped_request_whose_worker_still_streams_finishes_its_turn() -> None:
     # Stopped, not killed, and its worker still sending: the read is never cut for
     # silence (each check finds new tokens), and the turn ends as it would have.
-    monkeypatch.setattr(waiting, "STOP_GRACE_SECONDS", 0.02)
     h = Harness()
-    h.kv.tokens, h.kv.token_delay = 30, 0.005  # 150 ms of tokens: several graces
+    h.kv.tokens, h.kv.token_delay = 30, 0.005  # a token every 5 ms, 150 ms in all
     request = turn("s", tokens=10)
     request["stop_conditions"] = {"max_tokens": 30}
     context = FakeContext("r1")
     stream = h.router.generate(request, context)
     chunks = [await stream.__anext__()]
     context.stopped.set()
-    chunks += [chunk async for chunk in stream]
+
+    async def watch() -> None:  # the stall watch's clock runs a second a millisecond
+        while True:
+            await asyncio.sleep(0.001)
+            h.clock.now += 1.0
+            h.router.cut_stalled_streams()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        chunks += [chunk async for chunk in stream]
+    finally:
+        watcher.cancel()
     assert sum(len(c["token_ids"]) for c in chunks) == 30
     assert chunks[-1]["finish_reason"] == "length"
     assert [type(e) for e in h.events_of("r1")] == [Sent, Responding, Completed]

@@ -58,3 +58,16 @@ async def test_a_stream_already_cut_is_not_cut_twice() -> None:
     watch.stalled(set(), now=0.0)
     watched.cut = True
     assert watch.stalled(set(), now=60.0) == []
+
+
+async def test_a_stream_its_client_stopped_is_cut_once_silent_whatever_its_worker() -> None:
+    watch, stopped = await watching_one(A)
+    stopped.client_stopped = True  # its worker is listed: only the client makes it a case
+    assert watch.stalled({A}, now=0.0) == []
+    assert watch.stalled({A}, now=STALL_SECONDS) == [stopped]
+    streaming, _ = await watching_one(A)
+    streaming.streams[1].client_stopped = True
+    assert streaming.stalled({A}, now=0.0) == []
+    streaming.streams[1].tracker.generated_tokens += 1  # a token came: the clock starts over
+    assert streaming.stalled({A}, now=STALL_SECONDS) == []
+    assert streaming.stalled({A}, now=2 * STALL_SECONDS) == [streaming.streams[1]]
