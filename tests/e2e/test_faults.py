@@ -723,6 +723,21 @@ def start_fault_worker(stack: Any) -> int:
     return int(stack.worker_instances()[len(stack.workers) - 1])
 
 
+def sessions_on(client: Any, worker: int, count: int) -> list[str]:
+    """Start new sessions (``agent-0``, ``agent-1``, ...; one turn each) until ``count`` of
+    them run on ``worker``, at most 12; return those."""
+    on_worker: list[str] = []
+    for i in range(12):  # new programs go to the less busy worker: about every other
+        session = f"agent-{i}"
+        reply = chat(client, [{"role": "user", "content": turn_text(session, 0)}],
+                     session=session)
+        if serving_worker(reply) == worker:
+            on_worker.append(session)
+        if len(on_worker) == count:
+            return on_worker
+    pytest.fail(f"fewer than {count} of 12 new programs on {worker}")
+
+
 def test_an_engine_s_refusal_failure_and_cut_stream_each_end_once_and_cost_no_worker(
         tmp_path: Path) -> None:
     # A mocker and a worker whose engine, asked by max_tokens, refuses a request
@@ -742,14 +757,7 @@ def test_an_engine_s_refusal_failure_and_cut_stream_each_end_once_and_cost_no_wo
                 return chat(client, [{"role": "user", "content": turn_text(session, k)}],
                             session=session, max_tokens=max_tokens)
 
-            on_fault: list[str] = []
-            for i in range(12):  # new programs go to the less busy worker: about every other
-                if serving_worker(turn(f"agent-{i}", 0)) == fault:
-                    on_fault.append(f"agent-{i}")
-                if len(on_fault) == 3:
-                    break
-            assert len(on_fault) == 3, f"fewer than 3 of 12 new programs on {fault}"
-            refused, failed, cut = on_fault
+            refused, failed, cut = sessions_on(client, fault, 3)
 
             with pytest.raises(openai.BadRequestError) as refusal:
                 turn(refused, 1, REFUSE)
@@ -800,14 +808,7 @@ def test_a_client_that_leaves_a_turn_its_engine_never_answers_ends_it_and_its_se
         fault = start_fault_worker(stack)
         wait_until_ready(stack, 2)
         with sync_client(stack) as client:
-            for i in range(12):  # new programs go to the less busy worker: about every other
-                session = f"agent-{i}"
-                reply = chat(client, [{"role": "user", "content": turn_text(session, 0)}],
-                             session=session)
-                if serving_worker(reply) == fault:
-                    break
-            else:
-                pytest.fail(f"none of 12 new programs went to the fault worker {fault}")
+            (session,) = sessions_on(client, fault, 1)
         with sync_client(stack, timeout=3) as impatient, pytest.raises(openai.APITimeoutError):
             chat(impatient, [{"role": "user", "content": turn_text(session, 1)}],
                  session=session, max_tokens=SILENT)
