@@ -249,8 +249,11 @@ class Scheduler:
                 d.released.append(Release(request_id, None, session_final=True))
                 return d
             if program.final_request is not None:
-                return self._reject(d, request_id, "session_ending",
-                                    f"session {session_id!r} is already ending")
+                # A second final (a retry, a harness's cleanup beside the agent's own):
+                # the session already ends, so this one is answered at once, as a final
+                # after the end is, rather than refused while the first waits.
+                d.released.append(Release(request_id, None, session_final=True))
+                return d
             table.requests[request_id] = TrackedRequest(
                 request_id, session_id, 0, RequestState.QUEUED, created_program=False)
             program.final_request = request_id

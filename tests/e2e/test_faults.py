@@ -976,6 +976,35 @@ async def test_a_session_final_goes_through_while_every_request_slot_is_taken(
         await asyncio.to_thread(settles, stack, "a session-final at the request bound")
 
 
+async def test_a_second_session_final_is_answered_at_once_while_the_first_waits(
+        tmp_path: Path) -> None:
+    # A final sent twice (a retry, a harness's cleanup beside the agent's own) while the
+    # session's turn runs: the first waits for the turn, the second is answered at once
+    # (before: 400 "already ending" while the first waited, 200 after, by timing alone).
+    async with a_long_turn_in_flight(tmp_path, "ending") as (stack, _turn, outcomes, holder):
+        client = async_client(stack, timeout=60)
+
+        async def final() -> Any:
+            return await client.chat.completions.create(
+                model=MODEL, max_tokens=1, messages=[{"role": "user", "content": "done"}],
+                extra_headers={SESSION: "ending", SESSION_FINAL: "true"})
+
+        try:
+            first = asyncio.create_task(final())
+            await asyncio.to_thread(
+                wait_for_state, stack, lambda s: s["scheduler"]["tracked_requests"] == 2,
+                "the first final waiting behind the turn")
+            again = await final()
+            assert again.usage is not None and again.usage.completion_tokens == 0, again
+            assert not first.done() and not holder.done()
+            await asyncio.gather(holder, first)
+        finally:
+            await client.close()
+        assert outcomes.ok == 1 and outcomes.errors == []
+        state = await asyncio.to_thread(settles, stack, "a session-final sent twice")
+        assert state["router"]["session_final"] >= 2 and state["router"]["rejected"] == 0
+
+
 async def test_a_sessions_concurrent_turns_run_alongside_with_the_extended_policy(
         tmp_path: Path) -> None:
     # The shipped extended policy (concurrent_turns: alongside): a turn sent while its

@@ -291,6 +291,22 @@ def test_session_final_waits_for_in_flight_turn_then_frees_capacity(h: Harness) 
     assert h.scheduler.table.usage(W0) == 0
 
 
+def test_a_second_session_final_while_the_first_waits_is_answered_at_once(h: Harness) -> None:
+    # Before, it was refused ("already ending") while the first waited, and served after:
+    # the same request answered 400 or 200 by timing alone.
+    h.workers({W0: 1_000})
+    rid, _ = h.turn("a", 600)
+    frid, _ = h.final("a")
+    again, d = h.final("a")
+    second = d.outcome(again)
+    assert isinstance(second, Release) and second.session_final
+    assert again not in h.scheduler.table.requests
+    assert h.program("a").final_request == frid  # the first still ends the session
+    d = h.complete(rid, 700)
+    assert isinstance(d.outcome(frid), Release)
+    assert "a" not in h.scheduler.table.programs and h.scheduler.table.requests == {}
+
+
 def test_abort_after_session_final_does_not_bring_the_program_back(h: Harness) -> None:
     h.workers({W0: 1_000})
     rid, _ = h.turn("a", 600)
