@@ -11,7 +11,9 @@ first request.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,6 +161,13 @@ def load_policy_yaml(text: str) -> Any:
 def read_policy_file(path: str | Path) -> PolicyConfig:
     source = str(path)
     try:
+        # Only a regular file: opening a FIFO blocks until someone writes to it, and a
+        # reload runs on the router's event loop (a SIGHUP with the policy swapped for a
+        # FIFO froze every request until a write came; found by a hostile-input probe).
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise PolicyError(f"{source}: not a regular file ({_file_kind(mode)}); a router "
+                              "policy is a YAML file")
         with open(path, "rb") as handle:
             raw = handle.read(MAX_POLICY_BYTES + 1)
     except OSError as error:
@@ -179,6 +188,13 @@ def read_policy_file(path: str | Path) -> PolicyConfig:
         why = "nested too deeply" if isinstance(error, RecursionError) else str(error)
         raise PolicyError(f"{source}: not valid YAML: a value cannot be read: {why}") from None
     return parse_policy(data, source)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(mode)), "not a plain file")
 
 
 @dataclass(frozen=True)

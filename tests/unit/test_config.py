@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -220,6 +221,39 @@ def test_a_huge_policy_file_is_refused_before_it_is_parsed(tmp_path: Path) -> No
     with pytest.raises(PolicyError, match="larger than 64 KiB"):
         load_policy(path)
     assert time.monotonic() - started < 5  # refused by its size, not after parsing it
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a directory", "a character device"])
+def test_a_policy_path_that_is_not_a_regular_file_is_refused_without_reading_it(
+        tmp_path: Path, kind: str) -> None:
+    # A FIFO nobody writes to used to block the read for ever: on a reload, that froze
+    # the router's event loop and with it every request.
+    import os
+    import threading
+
+    path = tmp_path / "policy.yaml"
+    if kind == "a FIFO":
+        os.mkfifo(path)
+    elif kind == "a directory":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero")
+    outcome: list[BaseException] = []
+    reader = threading.Thread(target=lambda: outcome.append(_raises(load_policy, path)),
+                              daemon=True)
+    reader.start()
+    reader.join(5)
+    assert outcome, "the read blocked"
+    assert isinstance(outcome[0], PolicyError)
+    assert f"not a regular file ({kind})" in str(outcome[0])
+
+
+def _raises(call: Callable[..., object], *args: object) -> BaseException:
+    try:
+        call(*args)
+    except BaseException as error:  # the test looks at what it was
+        return error
+    raise AssertionError("no error")
 
 
 def test_a_policy_that_is_not_utf8_says_so(tmp_path: Path) -> None:
