@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +38,9 @@ MAX_PROGRAMS = 20
 MAX_WAITING = 10
 MAX_DECISIONS = 10
 BAR_WIDTH = 20
+# --once into a pipe or a file: Rich would assume 80 columns, where the tables' columns
+# shrink to a letter or two; COLUMNS, where set, still wins.
+PIPE_WIDTH = 160
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -250,7 +255,8 @@ def run_top(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: {bad}") from None
     if args.interval <= 0:
         raise SystemExit("error: --interval must be > 0")
-    console = Console()
+    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    console = Console(width=PIPE_WIDTH) if piped else Console()
     state: dict[str, Any] | None = None
     error: str | None = None
 

@@ -147,6 +147,17 @@ def test_a_state_url_that_is_not_one_is_a_bad_argument(given: str, why: str) -> 
         run_top(argparse.Namespace(state=given, interval=1.0, once=True))
 
 
+def test_once_into_a_pipe_prints_tables_wide_enough_to_read(
+        state_server: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: 80 columns, headers cut to "se…", "li…".
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert run_top(argparse.Namespace(state=state_server, interval=1.0, once=True)) == 0
+    screen = capsys.readouterr().out
+    for header in ("session", "lifecycle", "phase", "sessionless", "paused here"):
+        assert header in screen
+
+
 # ---- the live view, in a real terminal (tmux) --------------------------------------------
 @pytest.fixture
 def state_server() -> Iterator[str]:
