@@ -111,16 +111,8 @@ def _client_error(message: str) -> Exception:
     return error
 
 
-# The KV router's stream is read on demand, with no read-ahead task of Dynamo's between it
-# and the handler: a stream the handler drops is then dropped at once, which cancels the
-# worker's request, also one whose worker sends nothing (a read-ahead task waits on such a
-# worker for ever and keeps the stream, so the worker was never told; docs/reliability.md).
-DEMAND_DRIVEN = 0
-
-
 class KvRouterLike(Protocol):
-    async def generate_from_request(self, request: Any,
-                                    response_buffer_size: int = ...) -> AsyncIterator[Any]: ...
+    async def generate_from_request(self, request: Any) -> AsyncIterator[Any]: ...
     async def get_potential_loads(self, token_ids: list[int]) -> list[dict[str, int]]: ...
 
 
@@ -263,8 +255,7 @@ class ThunderAgentRouter:
                 lost: Exception | None = None
                 next_chunk: Callable[[], Awaitable[Any]] | None = None
                 try:
-                    stream = await self.kv_router.generate_from_request(
-                        forwarded, response_buffer_size=DEMAND_DRIVEN)
+                    stream = await self.kv_router.generate_from_request(forwarded)
                     next_chunk = stream.__aiter__().__anext__
                     del stream  # held by next_chunk while it streams, and no longer
                 except Exception as error:
@@ -337,8 +328,9 @@ class ThunderAgentRouter:
             self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"),
                          sessionless)
             raise
-        except ClientGone:  # nobody to answer; the stream, dropped with this frame, cancels
-            # the worker's request (read on demand: DEMAND_DRIVEN)
+        except ClientGone:  # nobody to answer (the worker's own request is not cancelled:
+            # Dynamo 1.6.1's KV router binding takes no context, and dropping its stream
+            # tells a worker that sends nothing nothing; docs/reliability.md)
             self._report(admission, tracker.abort("the client went away while the worker "
                                                   "sent nothing"), sessionless)
             log.info("request.cancelled", request_id=request_id,

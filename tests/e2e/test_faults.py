@@ -799,8 +799,8 @@ def test_a_client_that_leaves_a_turn_its_engine_never_answers_ends_it_and_its_se
     # The engine sends nothing for the turn and never ends it; its client gives up. Dynamo
     # stops the request's context but cancels nothing of a handler waiting for a chunk:
     # before the fix the turn stayed in flight for ever, its room booked, and the session's
-    # final (and, with queued turns, its next turns) waited behind it. The engine's own
-    # request is cancelled once the router drops the stream (read on demand).
+    # final (and, with queued turns, its next turns) waited behind it. (The engine's own
+    # request is not cancelled: Dynamo 1.6.1's KV router binding takes no context.)
     import openai
     from fault_engine import SILENT
 
@@ -815,16 +815,6 @@ def test_a_client_that_leaves_a_turn_its_engine_never_answers_ends_it_and_its_se
         wait_for_state(stack, lambda s: s["in_flight"] == 0
                        and s["scheduler"]["tracked_requests"] == 0,
                        "the abandoned turn to end", 30)
-        # ...and the worker is told: its request is cancelled, as stock's frontend cancels it
-        # (before, the engine kept it for ever: a stuck engine stayed stuck behind it).
-        worker_log = stack.workers[-1].log_path
-        deadline = time.monotonic() + 15
-        while "request cancellation received" not in worker_log.read_text(errors="replace"):
-            if time.monotonic() > deadline:
-                pytest.fail("the fault worker was never told its abandoned request was "
-                            "cancelled; its log ends:\n"
-                            + worker_log.read_text(errors="replace")[-2000:])
-            time.sleep(0.2)
         with sync_client(stack, timeout=30) as client:
             reply = chat(client, [{"role": "user", "content": turn_text(session, 2)}],
                          session=session)
