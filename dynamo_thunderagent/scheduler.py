@@ -245,13 +245,10 @@ class Scheduler:
                                 f"than the KV capacity of any worker/rank (largest: "
                                 f"{largest} tokens); shorten it or add larger workers")
         if session_final:
-            if program is None:
-                d.released.append(Release(request_id, None, session_final=True))
-                return d
-            if program.final_request is not None:
-                # A second final (a retry, a harness's cleanup beside the agent's own):
-                # the session already ends, so this one is answered at once, as a final
-                # after the end is, rather than refused while the first waits.
+            if program is None or program.final_request is not None:
+                # No program to end, or one already ending (a second final: a retry, a
+                # harness's cleanup beside the agent's own): answered at once, rather than
+                # refused while the first waits.
                 d.released.append(Release(request_id, None, session_final=True))
                 return d
             table.requests[request_id] = TrackedRequest(

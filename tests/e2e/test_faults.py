@@ -712,7 +712,7 @@ def test_engine_refusals_and_oversize_prompts_get_clear_errors_and_book_nothing(
 # ---- an engine that refuses, fails or cuts one request ---------------------------------------
 def start_fault_worker(stack: Any) -> int:
     """Add a worker whose engine fails requests on demand (``fault_engine.py``, a real Dynamo
-    worker); return its instance id."""
+    worker); return its instance id once the router sees every worker live."""
     argv = [stack.config.python, str(Path(__file__).with_name("fault_engine.py")),
             "--model-path", str(stack.model_path),
             "--served-model-name", stack.config.model_name,
@@ -720,6 +720,7 @@ def start_fault_worker(stack: Any) -> int:
             "--blocks", str(stack.config.num_gpu_blocks),
             "--block-size", str(stack.config.block_size)]
     stack.start_worker_command("fault-worker", argv)
+    wait_until_ready(stack, len(stack.workers))
     return int(stack.worker_instances()[len(stack.workers) - 1])
 
 
@@ -751,7 +752,6 @@ def test_an_engine_s_refusal_failure_and_cut_stream_each_end_once_and_cost_no_wo
 
     with start_stack(tmp_path, num_workers=1) as stack:
         fault = start_fault_worker(stack)
-        wait_until_ready(stack, 2)
         with sync_client(stack) as client:
             def turn(session: str, k: int, max_tokens: int = 8) -> Any:
                 return chat(client, [{"role": "user", "content": turn_text(session, k)}],
@@ -806,7 +806,6 @@ def test_a_client_that_leaves_a_turn_its_engine_never_answers_ends_it_and_its_se
 
     with start_stack(tmp_path, num_workers=1) as stack:
         fault = start_fault_worker(stack)
-        wait_until_ready(stack, 2)
         with sync_client(stack) as client:
             (session,) = sessions_on(client, fault, 1)
         with sync_client(stack, timeout=3) as impatient, pytest.raises(openai.APITimeoutError):
