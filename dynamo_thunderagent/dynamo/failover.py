@@ -42,13 +42,35 @@ _LOST_PREFIXES = ("Unavailable:", "DeadlineExceeded: TCP request to ")
 # say nothing of a lost worker either: tests/e2e/fault_engine.py.)
 _BACKEND_ERROR = re.compile(r"\bBackend([A-Z][A-Za-z]*): ")
 _BACKEND_REFUSAL = "BackendInvalidArgument: "
+# The router reads the KV router's stream on demand (router.DEMAND_DRIVEN). Read so, Dynamo
+# 1.6.1's binding passes a worker's errors on as a plain exception whose text starts with
+# the kind of Dynamo's error, where its read-ahead raised the class of that name: a
+# worker's refusal arrives as "InvalidRequest: <reason>" (the wire's name for an
+# InvalidArgument), not as an InvalidArgument. These are the kinds read from such text.
+_KIND_IN_TEXT = re.compile(r"([A-Z][A-Za-z]*): ")
+_REFUSAL_KINDS = frozenset({"InvalidArgument", "InvalidRequest"})
+_KINDS_IN_TEXT = _NOT_THE_WORKER | _WORKER_LOST | _REFUSAL_KINDS
+
+
+def _kind(error: BaseException) -> tuple[str, str]:
+    """The kind of Dynamo's error ``error`` is, and what it says: its class's name and
+    text, or, for a plain exception whose text starts with one of the kinds in
+    ``_KINDS_IN_TEXT`` and a colon, that kind and the text after it."""
+    text = str(error)
+    if type(error) in (Exception, ValueError, RuntimeError):
+        match = _KIND_IN_TEXT.match(text)
+        if match is not None and match.group(1) in _KINDS_IN_TEXT:
+            return match.group(1), text[match.end():]
+    return type(error).__name__, text
 
 
 def may_fail_over(error: BaseException) -> bool:
     """Whether a stream that ended with ``error`` may go on on another worker: not a
     refusal, Dynamo's own classes or a worker's (an unsupported option, a grammar that does
-    not parse: Dynamo 1.6.1 passes these as text that holds "BackendInvalidArgument: ")."""
-    return (type(error).__name__ not in _NOT_THE_WORKER
+    not parse: Dynamo 1.6.1 passes these as text that holds "BackendInvalidArgument: ",
+    or, read on demand, as text that starts "InvalidRequest: ")."""
+    kind, _ = _kind(error)
+    return (kind not in _NOT_THE_WORKER and kind not in _REFUSAL_KINDS
             and _BACKEND_REFUSAL not in str(error))
 
 
@@ -62,17 +84,19 @@ def worker_lost(error: BaseException) -> bool:
     sent = _BACKEND_ERROR.search(str(error))
     if sent is not None:
         return sent.group(1) in _WORKER_LOST
-    return (type(error).__name__ in _WORKER_LOST
+    return (_kind(error)[0] in _WORKER_LOST
             or isinstance(error, (ConnectionError, TimeoutError))
             or str(error).startswith(_LOST_PREFIXES))
 
 
 def refusal(error: BaseException) -> str | None:
     """What a refusal of the request itself says, for its client: Dynamo's
-    ``InvalidArgument``, or a worker's own (the ``message`` of the JSON Dynamo 1.6.1 passes
-    on after "BackendInvalidArgument: ", else the text there). None for any other error."""
-    if type(error).__name__ == "InvalidArgument":
-        return str(error)
+    ``InvalidArgument`` (or, read on demand, the text after "InvalidRequest: "), or a
+    worker's own (the ``message`` of the JSON Dynamo 1.6.1 passes on after
+    "BackendInvalidArgument: ", else the text there). None for any other error."""
+    kind, said = _kind(error)
+    if kind in _REFUSAL_KINDS:
+        return said
     text = str(error)
     at = text.find(_BACKEND_REFUSAL)
     if at < 0:

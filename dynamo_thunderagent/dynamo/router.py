@@ -111,8 +111,21 @@ def _client_error(message: str) -> Exception:
     return error
 
 
+# The KV router's stream is read on demand, with no read-ahead task of Dynamo's between it
+# and the handler: a stream the handler drops is then dropped at once, which cancels the
+# worker's request, also one whose worker sends nothing (a read-ahead task waits on such a
+# worker for ever and keeps the stream, so the worker was never told; docs/reliability.md).
+# Read so, Dynamo 1.6.1's binding passes a worker's errors on as text that starts with the
+# kind (a refusal as "InvalidRequest: ...", which failover.py reads), and its log line for
+# each request's routing span says "cancelled" (stream_drop) even for a stream read to its
+# end: the worker is told nothing then, and Dynamo's router metrics count the request as
+# done (docs/operate.md).
+DEMAND_DRIVEN = 0
+
+
 class KvRouterLike(Protocol):
-    async def generate_from_request(self, request: Any) -> AsyncIterator[Any]: ...
+    async def generate_from_request(self, request: Any,
+                                    response_buffer_size: int = ...) -> AsyncIterator[Any]: ...
     async def get_potential_loads(self, token_ids: list[int]) -> list[dict[str, int]]: ...
 
 
@@ -255,7 +268,8 @@ class ThunderAgentRouter:
                 lost: Exception | None = None
                 next_chunk: Callable[[], Awaitable[Any]] | None = None
                 try:
-                    stream = await self.kv_router.generate_from_request(forwarded)
+                    stream = await self.kv_router.generate_from_request(
+                        forwarded, response_buffer_size=DEMAND_DRIVEN)
                     next_chunk = stream.__aiter__().__anext__
                     del stream  # held by next_chunk while it streams, and no longer
                 except Exception as error:
@@ -328,9 +342,8 @@ class ThunderAgentRouter:
             self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"),
                          sessionless)
             raise
-        except ClientGone:  # nobody to answer (the worker's own request is not cancelled:
-            # Dynamo 1.6.1's KV router binding takes no context, and dropping its stream
-            # tells a worker that sends nothing nothing; docs/reliability.md)
+        except ClientGone:  # nobody to answer; the stream, dropped with this frame, cancels
+            # the worker's request (read on demand: DEMAND_DRIVEN)
             self._report(admission, tracker.abort("the client went away while the worker "
                                                   "sent nothing"), sessionless)
             log.info("request.cancelled", request_id=request_id,

@@ -799,8 +799,8 @@ def test_a_client_that_leaves_a_turn_its_engine_never_answers_ends_it_and_its_se
     # The engine sends nothing for the turn and never ends it; its client gives up. Dynamo
     # stops the request's context but cancels nothing of a handler waiting for a chunk:
     # before the fix the turn stayed in flight for ever, its room booked, and the session's
-    # final (and, with queued turns, its next turns) waited behind it. (The engine's own
-    # request is not cancelled: Dynamo 1.6.1's KV router binding takes no context.)
+    # final (and, with queued turns, its next turns) waited behind it. The engine's own
+    # request is cancelled once the router drops the stream (read on demand).
     import openai
     from fault_engine import SILENT
 
@@ -814,11 +814,52 @@ def test_a_client_that_leaves_a_turn_its_engine_never_answers_ends_it_and_its_se
         wait_for_state(stack, lambda s: s["in_flight"] == 0
                        and s["scheduler"]["tracked_requests"] == 0,
                        "the abandoned turn to end", 30)
+        # ...and the worker is told: its request is cancelled, as stock's frontend cancels it
+        # (before, the engine kept it for ever: a stuck engine stayed stuck behind it).
+        worker_log = stack.workers[-1].log_path
+        deadline = time.monotonic() + 15
+        while "request cancellation received" not in worker_log.read_text(errors="replace"):
+            if time.monotonic() > deadline:
+                pytest.fail("the fault worker was never told its abandoned request was "
+                            "cancelled; its log ends:\n"
+                            + worker_log.read_text(errors="replace")[-2000:])
+            time.sleep(0.2)
         with sync_client(stack, timeout=30) as client:
             reply = chat(client, [{"role": "user", "content": turn_text(session, 2)}],
                          session=session)
             assert reply.choices[0].finish_reason == "length"
         settles(stack, "a turn its engine never answered")
+
+
+def test_a_turn_its_mocker_never_starts_is_cancelled_when_its_client_leaves(
+        tmp_path: Path) -> None:
+    # A turn that asks for more tokens than the worker's whole KV pool is never started:
+    # the mocker holds it and sends nothing. Its client gives up. Before the router read
+    # the worker's stream on demand, that request stayed on the worker (nothing told it
+    # the client had left), and turns placed there after it hung behind it (a
+    # hostile-input probe: 4 of 8 new sessions on 2 workers timed out; stock served all 8).
+    import openai
+
+    with start_stack(tmp_path, num_workers=1) as stack:
+        wait_until_ready(stack, 1)
+        never_started = 60_000  # tokens: about 15 times the pool (256 blocks x 16)
+        # Streamed, as agents ask: the frontend then stops the request when its client
+        # leaves (a unary request is killed, which reached the worker before).
+        with sync_client(stack, timeout=3) as impatient, pytest.raises(
+                openai.APITimeoutError):
+            for _ in chat(impatient, [{"role": "user", "content": turn_text("never-started", 0)}],
+                          session="never-started", max_tokens=never_started, stream=True):
+                pass
+        wait_for_state(stack, lambda s: s["in_flight"] == 0
+                       and s["scheduler"]["tracked_requests"] == 0,
+                       "the abandoned turn to end", 30)
+        with sync_client(stack, timeout=30) as client:
+            for i in range(4):  # every one on the worker that held the abandoned turn
+                session = f"after-never-started-{i}"
+                reply = chat(client, [{"role": "user", "content": turn_text(session, 0)}],
+                             session=session)
+                assert reply.choices[0].finish_reason == "length"
+        settles(stack, "a turn its mocker never started")
 
 
 # ---- a bounded flood of session ids -----------------------------------------------------------

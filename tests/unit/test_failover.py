@@ -108,6 +108,29 @@ def test_what_a_refusal_says_to_its_client() -> None:
     assert refusal(ConnectionError("reset")) is None
 
 
+def test_errors_read_on_demand_are_read_by_the_kind_their_text_starts_with() -> None:
+    # Read on demand (router.DEMAND_DRIVEN), Dynamo 1.6.1 passes a worker's errors on as
+    # plain exceptions that start with the kind: seen live with tests/e2e/fault_engine.py,
+    # whose refusal (an InvalidArgument) came back as this.
+    refused = ValueError("InvalidRequest: fault engine: this request is refused on purpose")
+    assert not may_fail_over(refused)  # another worker would refuse it too
+    assert not worker_lost(refused)
+    assert refusal(refused) == "fault engine: this request is refused on purpose"
+    assert refusal(ValueError("InvalidArgument: max_tokens must be >= 1")) == (
+        "max_tokens must be >= 1")
+    assert not may_fail_over(ValueError("Cancelled: the request was cancelled"))
+    assert worker_lost(ValueError("Disconnected: connection reset"))
+    # The failure of one request (the fault engine's Unknown, seen so in both modes) may
+    # go on elsewhere and says nothing of the worker.
+    failed = ValueError("Internal: fault engine: this request failed on purpose")
+    assert may_fail_over(failed) and not worker_lost(failed) and refusal(failed) is None
+    # Only Dynamo's kinds, and only at the start, of a plain exception: a class of ours
+    # keeps its name, and a message that merely mentions a kind is not one.
+    assert refusal(ValueError("Pinned worker 7 dp_rank 0 is not eligible")) is None
+    assert refusal(ValueError("Weird: InvalidRequest: x")) is None
+    assert may_fail_over(type("StreamCut", (Exception,), {})("InvalidRequest: no"))
+
+
 def test_the_worker_address_a_dynamo_error_names_finds_its_instance() -> None:
     assert address_in_error(Exception(
         "Unavailable: TCP connection to 127.0.0.1:45289 failed")) == "127.0.0.1:45289"

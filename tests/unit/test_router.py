@@ -24,7 +24,7 @@ from dynamo_thunderagent.classifier import (
     Sent,
     ThunderAgentClassifier,
 )
-from dynamo_thunderagent.dynamo.router import FAILOVER_LIMIT, ThunderAgentRouter
+from dynamo_thunderagent.dynamo.router import DEMAND_DRIVEN, FAILOVER_LIMIT, ThunderAgentRouter
 from dynamo_thunderagent.dynamo.stalls import STALL_SECONDS
 from dynamo_thunderagent.parameters import ThunderAgentParameters, ThunderAgentSelectorParameters
 from dynamo_thunderagent.program import Lifecycle, Phase, RequestState, WorkerKey
@@ -70,6 +70,7 @@ class FakeKvRouter:
     def __init__(self, tokens: int = 3) -> None:
         self.tokens = tokens
         self.requests: list[dict[str, Any]] = []
+        self.buffer_sizes: list[int] = []
         self.load_queries = 0
         self.loads: dict[int, int] = {A: 0, B: 0}  # worker -> potential prefill tokens
         self.hold: asyncio.Event | None = None
@@ -89,8 +90,10 @@ class FakeKvRouter:
                  "potential_decode_blocks": 0, "active_requests": 0}
                 for w, load in self.loads.items()]
 
-    async def generate_from_request(self, request: Any) -> AsyncIterator[Any]:
+    async def generate_from_request(self, request: Any,
+                                    response_buffer_size: int = 100) -> AsyncIterator[Any]:
         self.requests.append(request)
+        self.buffer_sizes.append(response_buffer_size)
         return self._stream(request, self.hold)  # a later change of hold: the next stream's
 
     async def _stream(self, request: dict[str, Any],
@@ -1025,6 +1028,10 @@ async def test_a_client_that_leaves_while_its_worker_sends_nothing_ends_the_turn
     assert len(chunks) == 1  # the token that came; no error for nobody
     assert [type(e) for e in h.events_of("r1")] == [Sent, Responding, Aborted]
     assert h.kv.cancelled_streams == 1  # the worker's stream was let go
+    # ...read on demand, so that letting it go drops it and cancels the worker's request
+    # (with Dynamo's read-ahead, the default, a silent worker's stream was kept for ever
+    # and the worker never told: tests/e2e/test_faults.py checks the worker's side)
+    assert h.kv.buffer_sizes == [DEMAND_DRIVEN] * 2 and DEMAND_DRIVEN == 0
     assert h.router.in_flight == {} and h.router.stalls.streams == {}
     assert (h.router.stats.aborted, h.router.stats.errors) == (1, 0)
     h.kv.hang_on.clear()  # the session goes on: its next turn and its final are served
