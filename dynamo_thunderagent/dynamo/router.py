@@ -119,7 +119,7 @@ def _client_error(message: str) -> Exception:
 # kind (a refusal as "InvalidRequest: ...", which failover.py reads), and its log line for
 # each request's routing span says "cancelled" (stream_drop) even for a stream read to its
 # end: the worker is told nothing then, and Dynamo's router metrics count the request as
-# done (docs/operate.md).
+# done (docs/metrics.md, "Structured events").
 DEMAND_DRIVEN = 0
 
 
