@@ -709,6 +709,13 @@ async def test_refusals_and_our_own_errors_are_not_failed_over(
         await collect(h.router, turn("s"), "r1")
     assert type(no.value).__name__ == "InvalidArgument"
     assert len(h.kv.requests) == 1
+    # The same refusal as the binding passes it when the stream is read on demand (the
+    # router's DEMAND_DRIVEN): a plain ValueError whose text starts with the wire's kind.
+    h.kv.fail_after_first_on[A] = ValueError("InvalidRequest: bad sampling options")
+    with pytest.raises(Exception, match="refused at worker 11/0: bad sampling options") as no:
+        await collect(h.router, turn("u"), "r0")
+    assert type(no.value).__name__ == "InvalidArgument"
+    assert len(h.kv.requests) == 2 and h.router.stats.failovers == 0
     del h.kv.fail_after_first_on[A]
 
     def broken(*args: Any) -> None:  # a bug on our side while the worker is fine
@@ -717,7 +724,7 @@ async def test_refusals_and_our_own_errors_are_not_failed_over(
     monkeypatch.setattr(router_module, "for_frontend", broken)
     with pytest.raises(RuntimeError, match="ours"):
         await collect(h.router, turn("t"), "r2")
-    assert len(h.kv.requests) == 2 and h.router.stats.failovers == 0
+    assert len(h.kv.requests) == 3 and h.router.stats.failovers == 0
     assert h.router.state()["unreachable_workers"] == []
 
 
