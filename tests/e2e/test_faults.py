@@ -463,7 +463,11 @@ def rewrite_card(stack: Any, worker_id: int, change: Callable[[dict[str, Any]], 
             staged = path.with_name(path.name + ".new")
             staged.write_text(json.dumps(registration), encoding="utf-8")
             path.unlink()
-            wait_for_state(stack, lambda s: not capacity_known(s, worker_id),
+            # (A card that does not read leaves the capacity unknown already: wait until
+            # the router names no unreadable card for the worker either, or the changed
+            # card may replace the file before the store's watch has seen it go.)
+            wait_for_state(stack, lambda s: not capacity_known(s, worker_id)
+                           and str(worker_id) not in s["unreadable_cards"],
                            f"the router to see worker {worker_id} without a card", 30)
             staged.rename(path)
             return
