@@ -64,6 +64,7 @@ from dynamo_thunderagent.dynamo.stats import (
 from dynamo_thunderagent.dynamo.translate import (
     BadSessionHeader,
     StreamTracker,
+    asks_for_stop_strings,
     classify_request,
     for_frontend,
     pin_request,
@@ -339,16 +340,21 @@ class ThunderAgentRouter:
                 else:  # not carried on: the client gets the error, never a cut-short 200
                     raise lost
         except (GeneratorExit, asyncio.CancelledError) as error:  # the client went away
-            self._report(admission, tracker.abort(f"{type(error).__name__}: {error}"),
-                         sessionless)
+            # (or, with stop strings, the text reached one: cut_by_the_frontend)
+            self._report(admission, tracker.cut_by_the_frontend(
+                f"{type(error).__name__}: {error}",
+                stop_strings=asks_for_stop_strings(request)), sessionless)
             raise
         except ClientGone:  # nobody to answer; the stream, dropped with this frame, cancels
             # the worker's request (read on demand: DEMAND_DRIVEN)
-            self._report(admission, tracker.abort("the client went away while the worker "
-                                                  "sent nothing"), sessionless)
-            log.info("request.cancelled", request_id=request_id,
-                     worker=str(tracker.sent_to or target),
-                     reason="client went away while its worker sent nothing")
+            cut = tracker.cut_by_the_frontend(
+                "the client went away while the worker sent nothing",
+                stop_strings=asks_for_stop_strings(request))
+            self._report(admission, cut, sessionless)
+            if any(isinstance(event, Aborted) for event in cut):
+                log.info("request.cancelled", request_id=request_id,
+                         worker=str(tracker.sent_to or target),
+                         reason="client went away while its worker sent nothing")
             return
         except EngineError as error:  # already reported as aborted by the tracker
             self.stats.errors += 1

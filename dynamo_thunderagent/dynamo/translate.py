@@ -295,6 +295,30 @@ class StreamTracker:
         self.terminal = Aborted(self.request_id, reason)
         return [self.terminal]
 
+    def cut_by_the_frontend(self, reason: str, *, stop_strings: bool) -> list[RequestEvent]:
+        """The terminal event when the frontend ends the stream before its finish: its
+        client went away, or, for a request with stop strings (``stop_strings``), the text
+        reached one. Dynamo's frontend matches stop strings in the text itself and then
+        drops the stream as it does for a client that leaves; the two look the same here.
+        With stop strings and tokens streamed the turn is ``Completed`` with the tokens
+        streamed so far (they are in the worker's cache either way, and an agent's next
+        turn extends them); else it is ``Aborted``, as :meth:`abort`."""
+        if self.terminal is not None:
+            return []
+        if not (stop_strings and self.responding):
+            return self.abort(reason)
+        prompt = self.usage_prompt_tokens or self.prompt_tokens
+        self.terminal = Completed(self.request_id, int(prompt) + int(self.output_tokens),
+                                  self.cached_tokens)
+        return [self.terminal]
+
+
+def asks_for_stop_strings(request: Mapping[str, Any]) -> bool:
+    """Whether a request (the frontend's preprocessed dict) asks to stop at any string,
+    which Dynamo's frontend, not the engine, then watches for."""
+    stop = (request.get("stop_conditions") or {}).get("stop")
+    return bool(stop)
+
 
 # A worker's card naming more data-parallel ranks than this is not read: no deployment runs
 # that many, and each rank becomes a pool the scheduler tracks.

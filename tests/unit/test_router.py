@@ -1047,6 +1047,40 @@ async def test_a_client_that_leaves_while_its_worker_sends_nothing_ends_the_turn
     assert "s" not in h.classifier.scheduler.table.programs
 
 
+async def test_a_turn_the_frontend_ends_at_a_stop_string_is_a_completed_turn() -> None:
+    # Dynamo's frontend matches stop strings in the text and then drops the stream (killing
+    # the request) just as for a client that leaves; the client gets a 200 with finish
+    # "stop". Before, the router counted such a turn aborted: the program kept its tokens
+    # from before the turn, and a first turn's program was rolled back out of the table, so
+    # an agent whose turns end at stop strings was never tracked (a hostile-input probe:
+    # hit rate 0.46-0.50 against stock's 0.73).
+    h = Harness()
+    h.kv.hang_on.add(A)  # the worker would go on; the frontend has what it needs
+    request = turn("s", tokens=10)
+    request["stop_conditions"] = {"max_tokens": 50, "stop": ["Observation:"]}
+    context = FakeContext("r1")
+    task = asyncio.create_task(_drain(h.router.generate(request, context)))
+    await until(lambda: any(w.pending is not None and w.tracker.generated_tokens
+                            for w in h.router.stalls.streams.values()), "a token from A")
+    context.kill()
+    chunks = await asyncio.wait_for(task, 5)
+    assert len(chunks) == 1
+    assert [type(e) for e in h.events_of("r1")] == [Sent, Responding, Completed]
+    assert (h.router.stats.completed, h.router.stats.aborted) == (1, 0)
+    program = h.classifier.scheduler.table.programs["s"]
+    assert program.tokens == 10 + 1 and program.steps == 1  # prompt + the token sent
+    # Without stop strings the same cut is a client that left: aborted, as before, and the
+    # new program it made is rolled back.
+    context = FakeContext("r2")
+    task = asyncio.create_task(_drain(h.router.generate(turn("t", tokens=10), context)))
+    await until(lambda: any(w.pending is not None and w.tracker.generated_tokens
+                            for w in h.router.stalls.streams.values()), "a token for t")
+    context.kill()
+    await asyncio.wait_for(task, 5)
+    assert [type(e) for e in h.events_of("r2")][-1] is Aborted
+    assert "t" not in h.classifier.scheduler.table.programs
+
+
 async def test_a_stopped_request_whose_worker_still_streams_finishes_its_turn() -> None:
     # Stopped, not killed, and its worker still sending: the read is never cut for
     # silence (each check finds new tokens), and the turn ends as it would have.

@@ -12,6 +12,7 @@ from dynamo_thunderagent.classifier import Aborted, Completed, Responding, Sent
 from dynamo_thunderagent.dynamo.translate import (
     BadSessionHeader,
     StreamTracker,
+    asks_for_stop_strings,
     capacity_cards,
     classify_request,
     engine_error,
@@ -307,6 +308,26 @@ def test_abort_after_completion_yields_nothing() -> None:
     tracker.observe(final_chunk())
     assert tracker.abort("stream ended") == []
     assert tracker.terminal == Completed("r1", 43, 32)
+
+
+def test_a_stream_the_frontend_cuts_after_tokens_of_a_request_with_stop_strings_completes(
+) -> None:
+    # The frontend ends a stream at a stop string as it does for a client that leaves.
+    tracker = StreamTracker("r1", prompt_tokens=40)
+    tracker.observe(first_chunk())  # one token, 32 of the prompt cached
+    assert tracker.cut_by_the_frontend("gone", stop_strings=True) == [
+        Completed("r1", 41, 32)]
+    assert tracker.cut_by_the_frontend("again", stop_strings=True) == []
+    # No stop strings, or nothing streamed yet: the client left, an abort.
+    tracker = StreamTracker("r2", prompt_tokens=40)
+    tracker.observe(first_chunk())
+    assert tracker.cut_by_the_frontend("gone", stop_strings=False) == [Aborted("r2", "gone")]
+    tracker = StreamTracker("r3", prompt_tokens=40)
+    assert tracker.cut_by_the_frontend("gone", stop_strings=True) == [Aborted("r3", "gone")]
+    assert asks_for_stop_strings({"stop_conditions": {"stop": ["Observation:"]}})
+    assert not asks_for_stop_strings({"stop_conditions": {"stop": None, "max_tokens": 3}})
+    assert not asks_for_stop_strings({"stop_conditions": {"stop": []}})
+    assert not asks_for_stop_strings({})
 
 
 # ---- capacity cards ---------------------------------------------------------------------
