@@ -265,11 +265,16 @@ class StreamTracker:
             self.terminal = Aborted(self.request_id, f"engine error: {error}")
             events.append(self.terminal)
         elif finish is not None:
-            prompt = self.usage_prompt_tokens or self.prompt_tokens
-            self.terminal = Completed(self.request_id, int(prompt) + int(self.output_tokens),
-                                      self.cached_tokens)
-            events.append(self.terminal)
+            events.append(self._complete())
         return events
+
+    def _complete(self) -> Completed:
+        """The ``Completed`` event, now the terminal one: prompt + tokens generated."""
+        prompt = self.usage_prompt_tokens or self.prompt_tokens
+        completed = Completed(self.request_id, int(prompt) + int(self.output_tokens),
+                              self.cached_tokens)
+        self.terminal = completed
+        return completed
 
     @property
     def output_tokens(self) -> int:
@@ -307,10 +312,7 @@ class StreamTracker:
             return []
         if not (stop_strings and self.responding):
             return self.abort(reason)
-        prompt = self.usage_prompt_tokens or self.prompt_tokens
-        self.terminal = Completed(self.request_id, int(prompt) + int(self.output_tokens),
-                                  self.cached_tokens)
-        return [self.terminal]
+        return [self._complete()]
 
 
 def asks_for_stop_strings(request: Mapping[str, Any]) -> bool:
