@@ -7,8 +7,8 @@ router killed mid-load, a worker hung, the router frozen past its discovery leas
 leaving in a storm, requests the engine refuses, oversize prompts, a flood of session ids,
 malformed session headers, workers with data-parallel ranks, a worker replaced while agents
 run, a worker's model card made unreadable, a session-final with every request slot
-taken, an engine that refuses, fails or cuts short one request) and ends with the same
-checks (:func:`settles`):
+taken, an engine that refuses, fails or cuts short one request, also one queued behind
+another turn of its session) and ends with the same checks (:func:`settles`):
 
 * every request the router took reached exactly one terminal state (its counters add up:
   completed + aborted + rejected + session-final + cancelled + orphaned + pass-through);
@@ -796,6 +796,56 @@ def test_an_engine_s_refusal_failure_and_cut_stream_each_end_once_and_cost_no_wo
             errors="replace").splitlines() if "request.failed" in line]
         assert any("StreamCut" in line for line in failed_lines), failed_lines
         settles(stack, "an engine's refusal, failure and cut stream")
+
+
+async def test_queued_turns_the_engine_refuses_fails_or_cuts_end_once_and_free_the_queue(
+        tmp_path: Path) -> None:
+    # With ``concurrent_turns: queue``, a turn sent while its session's turn runs waits for
+    # it. A queued turn that the engine then refuses, fails or cuts short ends as one sent on
+    # its own would (a 400 with the engine's reason; a whole answer from the other worker)
+    # and lets the turn queued behind it run: nothing waits on a turn that ended in error.
+    import openai
+    from fault_engine import CUT, FAIL, REFUSAL_TEXT, REFUSE
+
+    policy = extended_policy(tmp_path / "queue.yaml", scheduler_interval_seconds=0.5,
+                             concurrent_turns="queue")
+    with start_stack(tmp_path, num_workers=1, policy=policy) as stack:
+        fault = start_fault_worker(stack)
+        with sync_client(stack) as sync:
+            sessions = sessions_on(sync, fault, 3)
+        client = async_client(stack, timeout=60)
+
+        async def turn(session: str, max_tokens: int) -> Any:
+            return await client.chat.completions.create(
+                model=MODEL, max_tokens=max_tokens, extra_headers={SESSION: session},
+                extra_body=ENGINE_DATA,
+                messages=[{"role": "user", "content": turn_text(session, max_tokens)}])
+
+        def tracked(count: int) -> Callable[[State], bool]:
+            return lambda s: s["scheduler"]["tracked_requests"] == count
+
+        try:
+            for session, fault_kind in zip(sessions, (REFUSE, FAIL, CUT), strict=True):
+                running = asyncio.create_task(turn(session, 3_000))  # ~3 s on the engine
+                await asyncio.to_thread(wait_for_state, stack, tracked(1), "a turn running")
+                queued = asyncio.create_task(turn(session, fault_kind))
+                await asyncio.to_thread(wait_for_state, stack, tracked(2), "a turn queued")
+                behind = asyncio.create_task(turn(session, 8))
+                await asyncio.to_thread(wait_for_state, stack, tracked(3), "another queued")
+                assert not running.done() and not queued.done()
+                assert (await running).usage.completion_tokens == 3_000
+                if fault_kind == REFUSE:
+                    with pytest.raises(openai.BadRequestError, match=REFUSAL_TEXT):
+                        await queued
+                else:  # failed over: a whole answer from the mocker
+                    reply = await queued
+                    assert reply.usage.completion_tokens == fault_kind
+                    assert serving_worker(reply) != fault
+                assert (await behind).usage.completion_tokens == 8
+        finally:
+            await client.close()
+        state = await asyncio.to_thread(settles, stack, "queued turns that fail")
+        assert state["router"]["failovers"] == 2
 
 
 def test_a_client_that_leaves_a_turn_its_engine_never_answers_ends_it_and_its_session_goes_on(
