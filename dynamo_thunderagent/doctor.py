@@ -102,6 +102,7 @@ class RouterView:
     live_workers: tuple[int, ...] = ()
     programs: int = 0
     block_size_mismatch: str | None = None
+    card_mismatch: str | None = None  # /state router_card.mismatch
     other_routers: str | None = None  # /state routers.problem: others serve its endpoint
     # /state routers: whether the router watches its endpoint (False: an older router, or
     # one whose watch could not start, then ``routers_unwatched`` says why)
@@ -135,6 +136,7 @@ def router_view(url: str, state: Mapping[str, Any]) -> RouterView:
         live_workers=tuple(int(w) for w in state.get("live_workers") or ()),
         programs=len(scheduler.get("programs") or {}),
         block_size_mismatch=_part_text(state.get("kv_router"), "mismatch"),
+        card_mismatch=_part_text(state.get("router_card"), "mismatch"),
         other_routers=_part_text(routers, "problem"),
         routers_watched=isinstance(routers, Mapping) and "other_instances" in routers,
         routers_unwatched=(str(routers["unwatched"]) if isinstance(routers, Mapping)
@@ -382,6 +384,11 @@ def check_router(router: RouterView) -> list[Finding]:
         findings.append(Finding("fail", "block-size", router.block_size_mismatch,
                                 "restart serve once the workers are up: it reads the size "
                                 "from their model cards at startup"))
+    if router.card_mismatch is not None:
+        findings.append(Finding("fail", "router-card", router.card_mismatch,
+                                "restart serve once the workers are up (it copies their "
+                                "parsers and context length into its own card at startup), "
+                                "or pass --dyn-tool-call-parser / --dyn-reasoning-parser"))
     total = router.recent_with_session + router.recent_without_session
     window = (f"the last {total} requests (window: {router.window_requests} requests, "
               f"{router.window_seconds:g} s)")

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import structlog
@@ -25,6 +25,10 @@ from dynamo_thunderagent.catalog import PluginError, default_catalog, load_polic
 from dynamo_thunderagent.config import PolicyError
 from dynamo_thunderagent.dynamo.block_size import await_block_size, mismatch, report
 from dynamo_thunderagent.dynamo.reload import check_policy, signature
+from dynamo_thunderagent.dynamo.router_card import CardSettings, await_cards, stated
+from dynamo_thunderagent.dynamo.router_card import choose as choose_card
+from dynamo_thunderagent.dynamo.router_card import mismatch as card_mismatch
+from dynamo_thunderagent.dynamo.router_card import report as card_report
 from dynamo_thunderagent.program_log import configure_logging
 
 log = structlog.get_logger("dynamo_thunderagent.serve")
@@ -48,6 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens a KV block, as the engines use, where no worker's model "
                              "card says it yet at startup (a card there that says otherwise "
                              "wins); default: wait up to 30 s for a card, else 16")
+    parser.add_argument("--dyn-tool-call-parser", default=None, metavar="NAME",
+                        help="the tool-call parser the frontend applies to the engines' output, "
+                             "as the workers' own flag of that name; default: what the workers' "
+                             "model cards say (README, 'Running it in front of an existing Dynamo "
+                             "deployment')")
+    parser.add_argument("--dyn-reasoning-parser", default=None, metavar="NAME",
+                        help="the reasoning parser the frontend applies, as the workers' own "
+                             "flag of that name; default: what the workers' model cards say")
     parser.add_argument("--refresh-interval", type=float, default=1.0,
                         help="seconds between reads of worker liveness and capacity")
     parser.add_argument("--state-host", default="127.0.0.1",
@@ -187,6 +199,7 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
         KvRouter,
         KvRouterConfig,
         ModelInput,
+        ModelRuntimeConfig,
         ModelType,
         WorkerType,
         register_model,
@@ -251,6 +264,13 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     # Dynamo's backends add theirs (docs/metrics.md).
     endpoint.metrics.register_prometheus_expfmt_callback(
         lambda: _exposition(lambda: on_loop(loop, metrics.exposition)))
+    # The router's card carries the workers' settings the frontend acts on (parsers, context
+    # length): wait for a worker's card, as for the block size, before registering it.
+    seen = await _cards_unless_stopped(cards.get_model_cards, stop)
+    card, card_warning = choose_card(seen, tool_call_parser=args.dyn_tool_call_parser,
+                                     reasoning_parser=args.dyn_reasoning_parser)
+    if card_warning is not None:
+        log.warning("router.card", reason=card_warning, **asdict(card))
     await register_model(
         ModelInput.Tokens,
         ModelType.Chat | ModelType.Completions,
@@ -259,6 +279,7 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
         args.model_name,
         worker_type=WorkerType.Aggregated,
         kv_cache_block_size=block_size,
+        runtime_config=_runtime_config(ModelRuntimeConfig(), card),
     )
     serving = asyncio.ensure_future(endpoint.serve_endpoint(router.generate))
     instance_id = _instance_id(endpoint)
@@ -266,7 +287,10 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     serving.add_done_callback(lambda _: keeping())  # the endpoint ended: it deregistered
     router.state_extensions["kv_router"] = lambda: report(block_size,
                                                           router.workers.stated_block_sizes)
+    router.state_extensions["router_card"] = lambda: card_report(card,
+                                                                 router.workers.stated_cards)
     watching = [loop.create_task(_watch_block_size(router.workers, block_size)),
+                loop.create_task(_watch_card(router.workers, card)),
                 loop.create_task(_watch_peers(runtime, instance_id, router_path, router))]
     log.info("router.serving", endpoint=router_path, workers=worker_path,
              model=args.model_name, policy=policy.source,
@@ -302,6 +326,43 @@ async def _watch_block_size(workers: Any, kv_router_block_size: int,
             warned.add(frozenset(sizes))
             log.warning("router.block_size_mismatch", kv_router_block_size=kv_router_block_size,
                         workers_block_sizes=sorted(sizes), reason=problem)
+        await asyncio.sleep(every)
+
+
+async def _cards_unless_stopped(read_cards: Callable[[], Mapping[str, Any]],
+                                stop: asyncio.Event) -> list[CardSettings]:
+    """:func:`await_cards`, cut short by a SIGTERM (``stop``): then the cards there now (the
+    router registers and ends at once rather than after the wait)."""
+    waiting = asyncio.ensure_future(await_cards(read_cards))
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if waiting.done():
+        return waiting.result()
+    waiting.cancel()
+    return stated(read_cards())
+
+
+def _runtime_config(config: Any, card: CardSettings) -> Any:
+    """Dynamo's ``ModelRuntimeConfig`` for the router's card, with the workers' settings
+    that the frontend acts on (:mod:`dynamo_thunderagent.dynamo.router_card`)."""
+    config.tool_call_parser = card.tool_call_parser
+    config.reasoning_parser = card.reasoning_parser
+    config.exclude_tools_when_tool_choice_none = card.exclude_tools_when_tool_choice_none
+    if card.context_length is not None:
+        config.context_length = card.context_length
+    return config
+
+
+async def _watch_card(workers: Any, registered: CardSettings, every: float = 5.0) -> None:
+    """Log, once per problem, when the workers' cards (as the worker watch last read them)
+    come to state other settings than the router's card (/state ``router_card``)."""
+    warned: set[str] = set()
+    while True:
+        problem = card_mismatch(registered, workers.stated_cards)
+        if problem is not None and problem not in warned:
+            warned.add(problem)
+            log.warning("router.card_mismatch", reason=problem)
         await asyncio.sleep(every)
 
 

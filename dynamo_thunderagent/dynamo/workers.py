@@ -25,6 +25,7 @@ import structlog
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.dynamo.block_size import card_block_sizes
 from dynamo_thunderagent.dynamo.failover import address_in_error, worker_at
+from dynamo_thunderagent.dynamo.router_card import CardSettings, stated
 from dynamo_thunderagent.dynamo.stats import exposed_workers_due
 from dynamo_thunderagent.dynamo.translate import capacity_cards
 from dynamo_thunderagent.program import WorkerKey
@@ -71,6 +72,8 @@ class WorkerWatch:
         # The KV block sizes the workers' model cards state, every card counted (serve
         # compares them with its KV router's, block_size.py).
         self.stated_block_sizes: set[int] = set()
+        # What the cards state that the router's own card must say too (serve compares).
+        self.stated_cards: list[CardSettings] = []
         # Live workers whose model card could not be read, with why: their capacity is
         # unknown (GET /state ``unreadable_cards``; logged when the set changes).
         self.unreadable_cards: dict[str, str] = {}
@@ -126,6 +129,7 @@ class WorkerWatch:
         live = self.live_ids()
         model_cards = self.cards.get_model_cards() if self.cards else {}
         self.stated_block_sizes = card_block_sizes(model_cards)
+        self.stated_cards = stated(model_cards)
         unreadable: dict[str, str] = {}
         cards = {key: card for key, card in capacity_cards(model_cards, unreadable).items()
                  if key.worker_id in live}

@@ -11,10 +11,14 @@ engine answers ordinary requests at once and fails the ones whose ``max_tokens``
   engine: the worker stays healthy);
 * ``CUT`` (93): streams three tokens, then ends the stream without a finish reason (an
   engine that lost the request midway);
-* ``SILENT`` (94): sends nothing and never ends (a stuck engine).
+* ``SILENT`` (94): sends nothing and never ends (a stuck engine);
+* ``TOOL_CALL`` (95): answers with a tool call in the Hermes format (:data:`TOOL_CALL_TEXT`,
+  spelled in the model's own tokens), which the frontend turns into the response's
+  ``tool_calls`` where the worker's card names a tool-call parser (``--tool-call-parser``).
 
 Run as ``python tests/e2e/fault_engine.py --model-path DIR --served-model-name NAME
---endpoint ns.component.endpoint --blocks N --block-size B``, in a stack's environment.
+--endpoint ns.component.endpoint --blocks N --block-size B [--tool-call-parser NAME]
+[--reasoning-parser NAME] [--context-length N]``, in a stack's environment.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from dynamo.common.backend.run import run
 from dynamo.common.backend.worker import WorkerConfig
 from dynamo.llm.exceptions import InvalidArgument, Unknown
 
-REFUSE, FAIL, CUT, SILENT = 91, 92, 93, 94
+REFUSE, FAIL, CUT, SILENT, TOOL_CALL = 91, 92, 93, 94, 95
+TOOL_CALL_TEXT = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+                  "</tool_call>")
 REFUSAL_TEXT = "fault engine: this request is refused on purpose"
 FAILURE_TEXT = "fault engine: this request failed on purpose"
 
@@ -52,12 +58,16 @@ class FaultEngine(LLMEngine):
         parser.add_argument("--endpoint", required=True, help="ns.component.endpoint")
         parser.add_argument("--blocks", type=int, required=True)
         parser.add_argument("--block-size", type=int, required=True)
+        parser.add_argument("--tool-call-parser", default=None)
+        parser.add_argument("--reasoning-parser", default=None)
+        parser.add_argument("--context-length", type=int, default=None)
         args = parser.parse_args(argv)
         namespace, component, endpoint = args.endpoint.split(".")
         config = WorkerConfig(
             namespace=namespace, component=component, endpoint=endpoint,
             model_name=args.model_path, served_model_name=args.served_model_name,
             endpoint_types="chat,completions",
+            tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
             discovery_backend=os.environ.get("DYN_DISCOVERY_BACKEND", "file"),
         )  # fmt: skip
         return cls(args), config
@@ -68,7 +78,8 @@ class FaultEngine(LLMEngine):
             model=self.args.model_path,
             served_model_name=self.args.served_model_name,
             llm=LlmRegistration(
-                context_length=self.args.blocks * self.args.block_size,
+                context_length=(self.args.context_length
+                                or self.args.blocks * self.args.block_size),
                 kv_cache_block_size=self.args.block_size,
                 total_kv_blocks=self.args.blocks,
                 max_num_seqs=64,
@@ -84,6 +95,15 @@ class FaultEngine(LLMEngine):
             raise Unknown(FAILURE_TEXT)
         if wanted == SILENT:
             await asyncio.Event().wait()  # never set: only a cancel ends it
+        if wanted == TOOL_CALL:
+            tokens = self.tool_call_tokens()
+            for k, token in enumerate(tokens):
+                chunk = {"token_ids": [token], "index": 0}
+                if k == len(tokens) - 1:
+                    chunk.update(finish_reason="stop",
+                                 completion_usage=_usage(prompt, len(tokens)))
+                yield chunk
+            return
         if wanted == CUT:
             for token in (11, 12, 13):
                 await asyncio.sleep(0.01)
@@ -95,6 +115,12 @@ class FaultEngine(LLMEngine):
             if k == wanted - 1:
                 chunk.update(finish_reason="length", completion_usage=_usage(prompt, wanted))
             yield chunk
+
+    def tool_call_tokens(self) -> list[int]:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(os.path.join(self.args.model_path, "tokenizer.json"))
+        return list(tokenizer.encode(TOOL_CALL_TEXT, add_special_tokens=False).ids)
 
     async def cleanup(self) -> None:
         return None

@@ -291,6 +291,47 @@ def test_serve_reads_the_workers_block_size_so_kv_routing_keeps_its_prefix_hits(
         assert "block_size_mismatch" not in router_log
 
 
+def test_the_workers_parsers_and_context_length_reach_the_frontend_through_the_router(
+        tmp_path: Path) -> None:
+    # One worker started with the Hermes tool-call parser and a 2,048-token context
+    # (``fault_engine.py``, which answers a tool call when max_tokens asks for one). The
+    # frontend sees only the router's card: before, that card stated neither, so the call
+    # came back as its text with finish "stop" (stock's frontend, reading the worker's own
+    # card, answers with tool_calls) and /v1/models said 131,072 (the model's config).
+    import json
+
+    from fault_engine import TOOL_CALL
+
+    stack = _stack(tmp_path / "run", REPO_ROOT / "policies" / "thunderagent-extended.yaml",
+                   num_workers=1, speedup_ratio=10.0)
+    fault_engine = [stack.config.python, str(Path(__file__).with_name("fault_engine.py")),
+                    "--model-path", str(stack.model_path),
+                    "--served-model-name", stack.config.model_name,
+                    "--endpoint", stack.worker_endpoint, "--blocks", "256", "--block-size", "16",
+                    "--tool-call-parser", "hermes", "--context-length", "2048"]
+    stack._mocker_argv = lambda endpoint=None: fault_engine  # its one worker
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "the weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    with stack, _sync_client(stack) as client:
+        (model,) = client.models.list().data
+        assert (model.model_extra or {}).get("context_window") == 2048
+        for turn in range(2):  # a program's first turn, then one of its later turns
+            reply = client.chat.completions.create(
+                model=MODEL, max_tokens=TOOL_CALL, tools=tools,
+                messages=[{"role": "user", "content": turn_text("agent", turn)}],
+                extra_headers={SESSION: "agent"})
+            choice = reply.choices[0]
+            assert choice.finish_reason == "tool_calls", choice
+            assert choice.message.tool_calls is not None
+            (call,) = choice.message.tool_calls
+            assert call.function.name == "get_weather"
+            assert json.loads(call.function.arguments) == {"city": "Paris"}
+        card = get_state(stack)["router_card"]
+        assert card["tool_call_parser"] == "hermes" and card["context_length"] == 2048
+        assert card["mismatch"] is None
+
+
 # ---- 7. a client that goes away mid-stream --------------------------------------------------
 def test_client_disconnect_mid_stream_aborts_the_turn_and_keeps_the_program(stack: Any) -> None:
     session = "disconnect"

@@ -213,6 +213,16 @@ def test_a_kv_router_hashing_with_another_block_size_fails_the_check() -> None:
     assert by_check(check_router(router_view("u", _state())), "block-size") == []
 
 
+def test_a_router_card_without_the_workers_parsers_fails_the_check() -> None:
+    state = _state()
+    state["router_card"] = {"tool_call_parser": None,
+                            "mismatch": "tool_call_parser: the workers' cards say 'hermes' ..."}
+    [finding] = by_check(check_router(router_view("u", state)), "router-card")
+    assert finding.status == "fail" and "'hermes'" in finding.found
+    assert finding.fix and "restart serve" in finding.fix
+    assert by_check(check_router(router_view("u", _state())), "router-card") == []
+
+
 def test_two_routers_at_the_routers_endpoint_fail_in_discovery_and_in_its_state() -> None:
     second = Registration("ta", "router", "generate", 2, "tiny", None)
     findings = check_discovery(SETTINGS, Discovery("file", "/kv", (ROUTER, second, WORKER_A)))

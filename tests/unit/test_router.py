@@ -25,6 +25,7 @@ from dynamo_thunderagent.classifier import (
     ThunderAgentClassifier,
 )
 from dynamo_thunderagent.dynamo.router import DEMAND_DRIVEN, FAILOVER_LIMIT, ThunderAgentRouter
+from dynamo_thunderagent.dynamo.router_card import CardSettings
 from dynamo_thunderagent.dynamo.stalls import STALL_SECONDS
 from dynamo_thunderagent.parameters import ThunderAgentParameters, ThunderAgentSelectorParameters
 from dynamo_thunderagent.program import Lifecycle, Phase, RequestState, WorkerKey
@@ -1209,6 +1210,7 @@ def test_refresh_workers_passes_live_ids_and_their_cards_to_the_classifier() -> 
     assert seen[-1] == ({A, B}, {WorkerKey(A): CapacityCard(64, 32)})
     assert h.router.block_size == 32  # the cards' block size replaces the default
     assert h.router.workers.stated_block_sizes == {32}  # every card's, for serve's KV-router check
+    assert h.router.workers.stated_cards == [CardSettings()] * 3  # for serve's router-card check
 
     assert h.router.refresh_workers() is False  # nothing changed
     h.client.ids = [B]

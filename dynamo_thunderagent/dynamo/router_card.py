@@ -1,0 +1,163 @@
+"""What the router's own model card tells the frontend: the workers' settings, not the model's.
+
+The frontend serves a model from the cards of whatever is registered for it, and here that is
+the router (the workers sit in a namespace the frontend does not watch). Besides the model's
+files, a card carries what the engines were started with, and the frontend acts on it:
+``runtime_config.tool_call_parser`` and ``reasoning_parser`` (a worker's
+``--dyn-tool-call-parser`` and ``--dyn-reasoning-parser``) turn the engine's text into a
+response's ``tool_calls`` and ``reasoning_content``; ``exclude_tools_when_tool_choice_none``
+shapes the prompt; the context length (``--max-model-len``) is the model's
+``context_window`` in ``/v1/models``. A router card without them made the frontend hand an
+agent its tool call as plain text (seen live: a worker with the Hermes parser, stock's
+frontend answered with ``tool_calls``, ours with the call's text and finish ``stop``), and
+state the model's architectural context window rather than the engines' limit.
+
+So ``serve`` copies these settings from the workers' cards when it registers (its
+``--dyn-tool-call-parser`` and ``--dyn-reasoning-parser`` flags win), and
+:func:`mismatch` says where the workers' cards come to state otherwise: the frontend reads a
+card once, so only a restarted router carries new settings (``/state`` ``router_card``,
+the log, ``doctor``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+WAIT_SECONDS = 30.0
+POLL_SECONDS = 0.25
+
+
+@dataclass(frozen=True)
+class CardSettings:
+    """The settings of a worker's card that the frontend acts on (None: not stated)."""
+
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    exclude_tools_when_tool_choice_none: bool = True
+    context_length: int | None = None  # the engine's limit; None or 0 on the card: none stated
+
+
+def card_settings(raw: str | Mapping[str, Any]) -> CardSettings | None:
+    """One card's settings; None for a card that cannot be read (the worker watch names it
+    in ``unreadable_cards``)."""
+    try:
+        card = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return None
+    if not isinstance(card, Mapping):
+        return None
+    runtime = card.get("runtime_config") or {}
+    if not isinstance(runtime, Mapping):
+        return None
+    exclude = runtime.get("exclude_tools_when_tool_choice_none", True)
+    return CardSettings(
+        tool_call_parser=_name(runtime.get("tool_call_parser")),
+        reasoning_parser=_name(runtime.get("reasoning_parser")),
+        exclude_tools_when_tool_choice_none=exclude if isinstance(exclude, bool) else True,
+        context_length=(_length(runtime.get("context_length"))
+                        or _length(card.get("context_length"))),
+    )
+
+
+def _name(value: Any) -> str | None:
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def _length(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
+def stated(model_cards: Mapping[str, str | Mapping[str, Any]]) -> list[CardSettings]:
+    """The settings every readable card states, one entry a card."""
+    found = (card_settings(raw) for raw in model_cards.values())
+    return [settings for settings in found if settings is not None]
+
+
+async def await_cards(read_cards: Callable[[], Mapping[str, Any]], wait: float = WAIT_SECONDS,
+                      clock: Callable[[], float] | None = None) -> list[CardSettings]:
+    """The settings the workers' cards state once one card reads, or after ``wait``
+    seconds (then none, and :func:`choose` says so)."""
+    now = clock or asyncio.get_running_loop().time
+    deadline = now() + wait
+    while True:
+        seen = stated(read_cards())
+        if seen or now() >= deadline:
+            return seen
+        await asyncio.sleep(POLL_SECONDS)
+
+
+def choose(seen: Iterable[CardSettings], *, tool_call_parser: str | None = None,
+           reasoning_parser: str | None = None) -> tuple[CardSettings, str | None]:
+    """The settings to register the router's card with, from the workers' cards (``seen``)
+    and serve's flags (None: not given), and what to warn about (None: nothing).
+
+    Where the cards disagree, the setting most of them state is taken (the first in
+    sorted order on a tie) and the warning names the disagreement: a frontend applies one
+    parser to every worker's output. The context length is the smallest any card states,
+    so that ``/v1/models`` promises no more than every engine takes."""
+    cards = list(seen)
+    warnings = []
+    chosen = CardSettings()
+    for field in ("tool_call_parser", "reasoning_parser", "exclude_tools_when_tool_choice_none"):
+        values = Counter(getattr(card, field) for card in cards)
+        if not values:
+            continue
+        value = sorted(values.items(), key=lambda kv: (-kv[1], repr(kv[0])))[0][0]
+        chosen = replace(chosen, **{field: value})
+        if len(values) > 1:
+            said = ", ".join(f"{v!r} ({n})" for v, n in sorted(values.items(), key=repr))
+            warnings.append(f"the workers' cards disagree on {field}: {said}; the router's "
+                            f"card says {value!r} (start every worker of a model alike)")
+    lengths = [card.context_length for card in cards if card.context_length]
+    if lengths:
+        chosen = replace(chosen, context_length=min(lengths))
+    flags = {"tool_call_parser": tool_call_parser, "reasoning_parser": reasoning_parser}
+    for field, flag in flags.items():
+        said = getattr(chosen, field)
+        if flag is not None and cards and said != flag:
+            warnings.append(f"--dyn-{field.replace('_', '-')} {flag} overrides the workers' "
+                            f"cards, which say {said!r}")
+    chosen = replace(chosen, tool_call_parser=tool_call_parser or chosen.tool_call_parser,
+                     reasoning_parser=reasoning_parser or chosen.reasoning_parser)
+    if not cards:
+        warnings.append("no worker's model card was seen before the router registered its "
+                        "own: it states no tool-call or reasoning parser and no context length "
+                        "but what serve's flags say; restart serve once the workers are up, "
+                        "or pass --dyn-tool-call-parser and --dyn-reasoning-parser as the "
+                        "workers have them")
+    return chosen, "; ".join(warnings) or None
+
+
+def mismatch(registered: CardSettings, seen: Iterable[CardSettings]) -> str | None:
+    """What the frontend gets wrong now that the workers' cards state ``seen`` while the
+    router's card says ``registered`` (None: nothing; no card seen: nothing yet)."""
+    problems = []
+    cards = list(seen)
+    for field in ("tool_call_parser", "reasoning_parser", "exclude_tools_when_tool_choice_none"):
+        mine = getattr(registered, field)
+        theirs = sorted({getattr(card, field) for card in cards} - {mine}, key=repr)
+        if theirs:
+            problems.append(f"{field}: the workers' cards say "
+                            f"{', '.join(map(repr, theirs))}, the router's {mine!r}")
+    lengths = [card.context_length for card in cards if card.context_length]
+    if lengths and (registered.context_length is None or registered.context_length > min(lengths)):
+        problems.append(f"context_length: a worker's card says {min(lengths)}, the router's "
+                        f"{registered.context_length}")
+    if not problems:
+        return None
+    return ("; ".join(problems) + ": the frontend acts on the router's card (it parses tool "
+            "calls and reasoning with its parsers); restart serve to register the workers' "
+            "settings")
+
+
+def report(registered: CardSettings, seen: Iterable[CardSettings]) -> dict[str, object]:
+    """/state ``router_card``: what the router's card says, and what is wrong (null when the
+    workers' cards agree with it)."""
+    return {**asdict(registered), "mismatch": mismatch(registered, seen)}
