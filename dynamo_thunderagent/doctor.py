@@ -387,8 +387,9 @@ def check_router(router: RouterView) -> list[Finding]:
     if router.card_mismatch is not None:
         findings.append(Finding("fail", "router-card", router.card_mismatch,
                                 "restart serve once the workers are up (it copies their "
-                                "parsers and context length into its own card at startup), "
-                                "or pass --dyn-tool-call-parser / --dyn-reasoning-parser"))
+                                "parsers, template and context length into its own card at "
+                                "startup), or pass --dyn-tool-call-parser, "
+                                "--dyn-reasoning-parser or --custom-jinja-template"))
     total = router.recent_with_session + router.recent_without_session
     window = (f"the last {total} requests (window: {router.window_requests} requests, "
               f"{router.window_seconds:g} s)")

@@ -5,18 +5,21 @@ the router (the workers sit in a namespace the frontend does not watch). Besides
 files, a card carries what the engines were started with, and the frontend acts on it:
 ``runtime_config.tool_call_parser`` and ``reasoning_parser`` (a worker's
 ``--dyn-tool-call-parser`` and ``--dyn-reasoning-parser``) turn the engine's text into a
-response's ``tool_calls`` and ``reasoning_content``; ``exclude_tools_when_tool_choice_none``
-shapes the prompt; the context length (``--max-model-len``) is the model's
-``context_window`` in ``/v1/models``. A router card without them made the frontend hand an
-agent its tool call as plain text (seen live: a worker with the Hermes parser, stock's
-frontend answered with ``tool_calls``, ours with the call's text and finish ``stop``), and
-state the model's architectural context window rather than the engines' limit.
+response's ``tool_calls`` and ``reasoning_content``; a custom chat template
+(``--custom-jinja-template``, the card's ``chat_template_file``) renders every prompt;
+``exclude_tools_when_tool_choice_none`` shapes it; the context length (``--max-model-len``)
+is the model's ``context_window`` in ``/v1/models``. A router card without them made the
+frontend hand an agent its tool call as plain text (seen live: a worker with the Hermes
+parser, stock's frontend answered with ``tool_calls``, ours with the call's text and finish
+``stop``), render prompts with the model's own template instead of the workers', and state
+the model's architectural context window rather than the engines' limit.
 
-So ``serve`` copies these settings from the workers' cards when it registers (its
-``--dyn-tool-call-parser`` and ``--dyn-reasoning-parser`` flags win), and
-:func:`mismatch` says where the workers' cards come to state otherwise: the frontend reads a
-card once, so only a restarted router carries new settings (``/state`` ``router_card``,
-the log, ``doctor``).
+So ``serve`` copies these settings from the workers' cards when it registers (the template's
+file it fetches from the worker, as the frontend does; its ``--dyn-tool-call-parser``,
+``--dyn-reasoning-parser`` and ``--custom-jinja-template`` flags win), and :func:`mismatch`
+says where the workers' cards come to state otherwise: the frontend reads a card once, so
+only a restarted router carries new settings (``/state`` ``router_card``, the log,
+``doctor``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 WAIT_SECONDS = 30.0
@@ -40,6 +43,18 @@ class CardSettings:
     reasoning_parser: str | None = None
     exclude_tools_when_tool_choice_none: bool = True
     context_length: int | None = None  # the engine's limit; None or 0 on the card: none stated
+    # A custom chat template, by its checksum (the same file served by two workers is the
+    # same template), and where the card says it can be fetched.
+    chat_template: str | None = None
+    chat_template_url: str | None = field(default=None, compare=False)
+    # The router's card only: settings serve's flags gave, which the workers' cards may
+    # state otherwise by the operator's choice (not a mismatch).
+    overridden: frozenset[str] = field(default=frozenset(), compare=False)
+
+
+# The settings compared one card to another (the context length is compared as a bound).
+COMPARED = ("tool_call_parser", "reasoning_parser", "exclude_tools_when_tool_choice_none",
+            "chat_template")
 
 
 def card_settings(raw: str | Mapping[str, Any]) -> CardSettings | None:
@@ -55,13 +70,28 @@ def card_settings(raw: str | Mapping[str, Any]) -> CardSettings | None:
     if not isinstance(runtime, Mapping):
         return None
     exclude = runtime.get("exclude_tools_when_tool_choice_none", True)
+    checksum, url = _custom_template(card.get("chat_template_file"))
     return CardSettings(
         tool_call_parser=_name(runtime.get("tool_call_parser")),
         reasoning_parser=_name(runtime.get("reasoning_parser")),
         exclude_tools_when_tool_choice_none=exclude if isinstance(exclude, bool) else True,
         context_length=(_length(runtime.get("context_length"))
                         or _length(card.get("context_length"))),
+        chat_template=checksum, chat_template_url=url,
     )
+
+
+def _custom_template(entry: Any) -> tuple[str | None, str | None]:
+    """A card's custom chat template (``chat_template_file.hf_chat_template``, with
+    ``is_custom``): its checksum and URL; (None, None) for none or one not read so."""
+    template = entry.get("hf_chat_template") if isinstance(entry, Mapping) else None
+    if not isinstance(template, Mapping) or template.get("is_custom") is False:
+        return None, None
+    file = template.get("file")
+    if not isinstance(file, Mapping):
+        return None, None
+    url, checksum = _name(file.get("path")), _name(file.get("checksum"))
+    return (checksum or url), url
 
 
 def _name(value: Any) -> str | None:
@@ -94,44 +124,57 @@ async def await_cards(read_cards: Callable[[], Mapping[str, Any]], wait: float =
 
 
 def choose(seen: Iterable[CardSettings], *, tool_call_parser: str | None = None,
-           reasoning_parser: str | None = None) -> tuple[CardSettings, str | None]:
+           reasoning_parser: str | None = None,
+           chat_template: str | None = None) -> tuple[CardSettings, str | None]:
     """The settings to register the router's card with, from the workers' cards (``seen``)
-    and serve's flags (None: not given), and what to warn about (None: nothing).
+    and serve's flags (None: not given; ``chat_template``: a file's path), and what to warn
+    about (None: nothing).
 
     Where the cards disagree, the setting most of them state is taken (the first in
     sorted order on a tie) and the warning names the disagreement: a frontend applies one
-    parser to every worker's output. The context length is the smallest any card states,
-    so that ``/v1/models`` promises no more than every engine takes."""
+    parser and one template to every worker. The context length is the smallest any card
+    states, so that ``/v1/models`` promises no more than every engine takes."""
     cards = list(seen)
     warnings = []
     chosen = CardSettings()
-    for field in ("tool_call_parser", "reasoning_parser", "exclude_tools_when_tool_choice_none"):
-        values = Counter(getattr(card, field) for card in cards)
+    for name in COMPARED:
+        values = Counter(getattr(card, name) for card in cards)
         if not values:
             continue
         value = sorted(values.items(), key=lambda kv: (-kv[1], repr(kv[0])))[0][0]
-        chosen = replace(chosen, **{field: value})
+        chosen = replace(chosen, **{name: value})
         if len(values) > 1:
             said = ", ".join(f"{v!r} ({n})" for v, n in sorted(values.items(), key=repr))
-            warnings.append(f"the workers' cards disagree on {field}: {said}; the router's "
+            warnings.append(f"the workers' cards disagree on {name}: {said}; the router's "
                             f"card says {value!r} (start every worker of a model alike)")
+    if chosen.chat_template is not None:
+        chosen = replace(chosen, chat_template_url=next(
+            card.chat_template_url for card in cards
+            if card.chat_template == chosen.chat_template))
     lengths = [card.context_length for card in cards if card.context_length]
     if lengths:
         chosen = replace(chosen, context_length=min(lengths))
-    flags = {"tool_call_parser": tool_call_parser, "reasoning_parser": reasoning_parser}
-    for field, flag in flags.items():
-        said = getattr(chosen, field)
-        if flag is not None and cards and said != flag:
-            warnings.append(f"--dyn-{field.replace('_', '-')} {flag} overrides the workers' "
-                            f"cards, which say {said!r}")
+    flags = {"tool_call_parser": ("--dyn-tool-call-parser", tool_call_parser),
+             "reasoning_parser": ("--dyn-reasoning-parser", reasoning_parser),
+             "chat_template": ("--custom-jinja-template", chat_template)}
+    for name, (flag, value) in flags.items():
+        if value is None:
+            continue
+        if cards and getattr(chosen, name) != value:
+            warnings.append(f"{flag} {value} overrides the workers' cards, which say "
+                            f"{getattr(chosen, name)!r}")
+    given = frozenset(name for name, (_, value) in flags.items() if value is not None)
     chosen = replace(chosen, tool_call_parser=tool_call_parser or chosen.tool_call_parser,
-                     reasoning_parser=reasoning_parser or chosen.reasoning_parser)
+                     reasoning_parser=reasoning_parser or chosen.reasoning_parser,
+                     chat_template=chat_template or chosen.chat_template,
+                     chat_template_url=None if chat_template else chosen.chat_template_url,
+                     overridden=given)
     if not cards:
         warnings.append("no worker's model card was seen before the router registered its "
-                        "own: it states no tool-call or reasoning parser and no context length "
-                        "but what serve's flags say; restart serve once the workers are up, "
-                        "or pass --dyn-tool-call-parser and --dyn-reasoning-parser as the "
-                        "workers have them")
+                        "own: it states no parser, chat template or context length but what "
+                        "serve's flags say; restart serve once the workers are up, or pass "
+                        "--dyn-tool-call-parser, --dyn-reasoning-parser and "
+                        "--custom-jinja-template as the workers have them")
     return chosen, "; ".join(warnings) or None
 
 
@@ -140,11 +183,13 @@ def mismatch(registered: CardSettings, seen: Iterable[CardSettings]) -> str | No
     router's card says ``registered`` (None: nothing; no card seen: nothing yet)."""
     problems = []
     cards = list(seen)
-    for field in ("tool_call_parser", "reasoning_parser", "exclude_tools_when_tool_choice_none"):
-        mine = getattr(registered, field)
-        theirs = sorted({getattr(card, field) for card in cards} - {mine}, key=repr)
+    for name in COMPARED:
+        if name in registered.overridden:
+            continue  # serve's flag said so: the operator's choice
+        mine = getattr(registered, name)
+        theirs = sorted({getattr(card, name) for card in cards} - {mine}, key=repr)
         if theirs:
-            problems.append(f"{field}: the workers' cards say "
+            problems.append(f"{name}: the workers' cards say "
                             f"{', '.join(map(repr, theirs))}, the router's {mine!r}")
     lengths = [card.context_length for card in cards if card.context_length]
     if lengths and (registered.context_length is None or registered.context_length > min(lengths)):
@@ -152,12 +197,19 @@ def mismatch(registered: CardSettings, seen: Iterable[CardSettings]) -> str | No
                         f"{registered.context_length}")
     if not problems:
         return None
-    return ("; ".join(problems) + ": the frontend acts on the router's card (it parses tool "
-            "calls and reasoning with its parsers); restart serve to register the workers' "
-            "settings")
+    return ("; ".join(problems) + ": the frontend acts on the router's card (its parsers "
+            "read tool calls and reasoning, its template renders prompts); restart serve to "
+            "register the workers' settings")
 
 
 def report(registered: CardSettings, seen: Iterable[CardSettings]) -> dict[str, object]:
     """/state ``router_card``: what the router's card says, and what is wrong (null when the
     workers' cards agree with it)."""
-    return {**asdict(registered), "mismatch": mismatch(registered, seen)}
+    return {"tool_call_parser": registered.tool_call_parser,
+            "reasoning_parser": registered.reasoning_parser,
+            "exclude_tools_when_tool_choice_none":
+                registered.exclude_tools_when_tool_choice_none,
+            "context_length": registered.context_length,
+            "chat_template": registered.chat_template,
+            "overridden": sorted(registered.overridden),
+            "mismatch": mismatch(registered, seen)}

@@ -15,8 +15,11 @@ import math
 import os
 import signal
 import sys
+import tempfile
+import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -60,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dyn-reasoning-parser", default=None, metavar="NAME",
                         help="the reasoning parser the frontend applies, as the workers' own "
                              "flag of that name; default: what the workers' model cards say")
+    parser.add_argument("--custom-jinja-template", default=None, metavar="PATH",
+                        help="the chat template the frontend renders prompts with, as the "
+                             "workers' own flag of that name; default: the workers' custom "
+                             "template, fetched from where their model cards say, else the "
+                             "model's own")
     parser.add_argument("--refresh-interval", type=float, default=1.0,
                         help="seconds between reads of worker liveness and capacity")
     parser.add_argument("--state-host", default="127.0.0.1",
@@ -119,6 +127,9 @@ def argument_problem(args: argparse.Namespace) -> str | None:
     if args.state_port and args.state_port == args.events_port:
         return (f"--state-port and --events-port must differ (both {args.state_port}): "
                 "each binds its own socket on --state-host")
+    template = args.custom_jinja_template
+    if template is not None and not os.path.isfile(template):
+        return f"--custom-jinja-template must name a readable file, got {template!r}"
     interval = args.refresh_interval
     if not (math.isfinite(interval) and 0.01 <= interval <= 3600):
         return f"--refresh-interval must be 0.01 to 3600 seconds, got {interval}"
@@ -268,9 +279,13 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
     # length): wait for a worker's card, as for the block size, before registering it.
     seen = await _cards_unless_stopped(cards.get_model_cards, stop)
     card, card_warning = choose_card(seen, tool_call_parser=args.dyn_tool_call_parser,
-                                     reasoning_parser=args.dyn_reasoning_parser)
+                                     reasoning_parser=args.dyn_reasoning_parser,
+                                     chat_template=args.custom_jinja_template)
+    template_dir = tempfile.TemporaryDirectory(prefix="thunderagent-card-")
+    card, template_path = _template_file(card, args.custom_jinja_template,
+                                         Path(template_dir.name))
     if card_warning is not None:
-        log.warning("router.card", reason=card_warning, **asdict(card))
+        log.warning("router.card", reason=card_warning, **card_report(card, seen))
     await register_model(
         ModelInput.Tokens,
         ModelType.Chat | ModelType.Completions,
@@ -280,6 +295,7 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
         worker_type=WorkerType.Aggregated,
         kv_cache_block_size=block_size,
         runtime_config=_runtime_config(ModelRuntimeConfig(), card),
+        custom_template_path=template_path,
     )
     serving = asyncio.ensure_future(endpoint.serve_endpoint(router.generate))
     instance_id = _instance_id(endpoint)
@@ -307,6 +323,7 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
         await asyncio.to_thread(state_server.close)
     cards.shutdown()
     runtime.shutdown()
+    template_dir.cleanup()
     serving.cancel()
     if serving.done() and not serving.cancelled() and serving.exception() is not None:
         raise serving.exception()  # type: ignore[misc]
@@ -341,6 +358,36 @@ async def _cards_unless_stopped(read_cards: Callable[[], Mapping[str, Any]],
         return waiting.result()
     waiting.cancel()
     return stated(read_cards())
+
+
+TEMPLATE_MAX_BYTES = 1 << 20
+
+
+def _template_file(card: CardSettings, flag: str | None,
+                   folder: Path) -> tuple[CardSettings, str | None]:
+    """The chat template file the router's card is registered with: serve's flag, or the
+    workers' custom template fetched from where their card says into ``folder`` (as the
+    frontend fetches a card's files); None for the model's own. A template that cannot be
+    fetched is said and left out of the card (``/state`` ``router_card`` then shows the
+    mismatch)."""
+    if flag is not None:
+        return card, flag
+    if card.chat_template_url is None:
+        return card, None
+    try:
+        with urllib.request.urlopen(card.chat_template_url, timeout=10) as response:
+            text = response.read(TEMPLATE_MAX_BYTES + 1)
+        if len(text) > TEMPLATE_MAX_BYTES:
+            raise ValueError(f"larger than {TEMPLATE_MAX_BYTES} bytes")
+    except (OSError, ValueError) as error:
+        log.warning("router.card_template_unread", url=card.chat_template_url,
+                    error=f"{type(error).__name__}: {error}",
+                    effect="the router's card has the model's own chat template, not the "
+                           "workers' custom one; pass --custom-jinja-template")
+        return replace(card, chat_template=None, chat_template_url=None), None
+    path = folder / "chat_template.jinja"
+    path.write_bytes(text)
+    return card, str(path)
 
 
 def _runtime_config(config: Any, card: CardSettings) -> Any:

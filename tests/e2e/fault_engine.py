@@ -14,11 +14,14 @@ engine answers ordinary requests at once and fails the ones whose ``max_tokens``
 * ``SILENT`` (94): sends nothing and never ends (a stuck engine);
 * ``TOOL_CALL`` (95): answers with a tool call in the Hermes format (:data:`TOOL_CALL_TEXT`,
   spelled in the model's own tokens), which the frontend turns into the response's
-  ``tool_calls`` where the worker's card names a tool-call parser (``--tool-call-parser``).
+  ``tool_calls`` where the worker's card names a tool-call parser (``--tool-call-parser``);
+* ``ECHO`` (96): answers with the prompt's own tokens (at most 256), so that the client
+  reads the prompt as the frontend rendered it (``--custom-jinja-template``).
 
 Run as ``python tests/e2e/fault_engine.py --model-path DIR --served-model-name NAME
 --endpoint ns.component.endpoint --blocks N --block-size B [--tool-call-parser NAME]
-[--reasoning-parser NAME] [--context-length N]``, in a stack's environment.
+[--reasoning-parser NAME] [--context-length N] [--custom-jinja-template PATH]``, in a
+stack's environment.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from dynamo.common.backend.run import run
 from dynamo.common.backend.worker import WorkerConfig
 from dynamo.llm.exceptions import InvalidArgument, Unknown
 
-REFUSE, FAIL, CUT, SILENT, TOOL_CALL = 91, 92, 93, 94, 95
+REFUSE, FAIL, CUT, SILENT, TOOL_CALL, ECHO = 91, 92, 93, 94, 95, 96
 TOOL_CALL_TEXT = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
                   "</tool_call>")
 REFUSAL_TEXT = "fault engine: this request is refused on purpose"
@@ -61,6 +64,7 @@ class FaultEngine(LLMEngine):
         parser.add_argument("--tool-call-parser", default=None)
         parser.add_argument("--reasoning-parser", default=None)
         parser.add_argument("--context-length", type=int, default=None)
+        parser.add_argument("--custom-jinja-template", default=None)
         args = parser.parse_args(argv)
         namespace, component, endpoint = args.endpoint.split(".")
         config = WorkerConfig(
@@ -68,6 +72,7 @@ class FaultEngine(LLMEngine):
             model_name=args.model_path, served_model_name=args.served_model_name,
             endpoint_types="chat,completions",
             tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
+            custom_jinja_template=args.custom_jinja_template,
             discovery_backend=os.environ.get("DYN_DISCOVERY_BACKEND", "file"),
         )  # fmt: skip
         return cls(args), config
@@ -95,8 +100,9 @@ class FaultEngine(LLMEngine):
             raise Unknown(FAILURE_TEXT)
         if wanted == SILENT:
             await asyncio.Event().wait()  # never set: only a cancel ends it
-        if wanted == TOOL_CALL:
-            tokens = self.tool_call_tokens()
+        if wanted in (TOOL_CALL, ECHO):
+            tokens = (self.tool_call_tokens() if wanted == TOOL_CALL
+                      else list(request.get("token_ids") or [])[:256])
             for k, token in enumerate(tokens):
                 chunk = {"token_ids": [token], "index": 0}
                 if k == len(tokens) - 1:

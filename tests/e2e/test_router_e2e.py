@@ -291,24 +291,30 @@ def test_serve_reads_the_workers_block_size_so_kv_routing_keeps_its_prefix_hits(
         assert "block_size_mismatch" not in router_log
 
 
-def test_the_workers_parsers_and_context_length_reach_the_frontend_through_the_router(
+def test_the_workers_parsers_template_and_context_length_reach_the_frontend_via_the_router(
         tmp_path: Path) -> None:
-    # One worker started with the Hermes tool-call parser and a 2,048-token context
-    # (``fault_engine.py``, which answers a tool call when max_tokens asks for one). The
-    # frontend sees only the router's card: before, that card stated neither, so the call
-    # came back as its text with finish "stop" (stock's frontend, reading the worker's own
-    # card, answers with tool_calls) and /v1/models said 131,072 (the model's config).
+    # One worker started with the Hermes tool-call parser, a custom chat template and a
+    # 2,048-token context (``fault_engine.py``, which answers a tool call, or the prompt it
+    # was sent, when max_tokens asks for one). The frontend sees only the router's card:
+    # before, that card stated none of them, so the call came back as its text with finish
+    # "stop" (stock's frontend, reading the worker's own card, answers with tool_calls),
+    # prompts were rendered with the model's own template, and /v1/models said 131,072 (the
+    # model's config).
     import json
 
-    from fault_engine import TOOL_CALL
+    from fault_engine import ECHO, TOOL_CALL
 
+    template = tmp_path / "agent.jinja"
+    template.write_text("{% for m in messages %}AGENT[{{ m.role }}]: {{ m.content }}\n"
+                        "{% endfor %}REPLY:", encoding="utf-8")
     stack = _stack(tmp_path / "run", REPO_ROOT / "policies" / "thunderagent-extended.yaml",
                    num_workers=1, speedup_ratio=10.0)
     fault_engine = [stack.config.python, str(Path(__file__).with_name("fault_engine.py")),
                     "--model-path", str(stack.model_path),
                     "--served-model-name", stack.config.model_name,
                     "--endpoint", stack.worker_endpoint, "--blocks", "256", "--block-size", "16",
-                    "--tool-call-parser", "hermes", "--context-length", "2048"]
+                    "--tool-call-parser", "hermes", "--context-length", "2048",
+                    "--custom-jinja-template", str(template)]
     stack._mocker_argv = lambda endpoint=None: fault_engine  # its one worker
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "the weather in a city",
@@ -327,9 +333,12 @@ def test_the_workers_parsers_and_context_length_reach_the_frontend_through_the_r
             (call,) = choice.message.tool_calls
             assert call.function.name == "get_weather"
             assert json.loads(call.function.arguments) == {"city": "Paris"}
+        echoed = chat(client, [{"role": "user", "content": "what did you get?"}],
+                      session="agent", max_tokens=ECHO).choices[0].message.content
+        assert echoed is not None and "AGENT[user]: what did you get?" in echoed, echoed
         card = get_state(stack)["router_card"]
         assert card["tool_call_parser"] == "hermes" and card["context_length"] == 2048
-        assert card["mismatch"] is None
+        assert card["chat_template"] and card["mismatch"] is None
 
 
 # ---- 7. a client that goes away mid-stream --------------------------------------------------

@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import http.server
 import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 from structlog.testing import capture_logs
 
 from dynamo_thunderagent.dynamo.router_card import (
@@ -18,16 +24,31 @@ from dynamo_thunderagent.dynamo.router_card import (
     report,
     stated,
 )
-from dynamo_thunderagent.dynamo.serve import _cards_unless_stopped, _runtime_config, _watch_card
+from dynamo_thunderagent.dynamo.serve import (
+    TEMPLATE_MAX_BYTES,
+    _cards_unless_stopped,
+    _runtime_config,
+    _template_file,
+    _watch_card,
+    argument_problem,
+)
 
 
 def worker_card(*, tool: str | None = None, reasoning: str | None = None,
-                length: int = 0, exclude: bool = True) -> dict[str, Any]:
-    """A worker's card as Dynamo 1.6.1 publishes it (the fields read here)."""
-    return {"context_length": length, "kv_cache_block_size": 16,
-            "runtime_config": {"context_length": length, "total_kv_blocks": 256,
-                               "tool_call_parser": tool, "reasoning_parser": reasoning,
-                               "exclude_tools_when_tool_choice_none": exclude}}
+                length: int = 0, exclude: bool = True,
+                template: tuple[str, str] | None = None) -> dict[str, Any]:
+    """A worker's card as Dynamo 1.6.1 publishes it (the fields read here; ``template``:
+    a custom chat template's URL and checksum)."""
+    card: dict[str, Any] = {
+        "context_length": length, "kv_cache_block_size": 16,
+        "runtime_config": {"context_length": length, "total_kv_blocks": 256,
+                           "tool_call_parser": tool, "reasoning_parser": reasoning,
+                           "exclude_tools_when_tool_choice_none": exclude}}
+    if template is not None:
+        url, checksum = template
+        card["chat_template_file"] = {"hf_chat_template": {
+            "is_custom": True, "file": {"path": url, "checksum": checksum, "size": 84}}}
+    return card
 
 
 HERMES = CardSettings(tool_call_parser="hermes", context_length=2048)
@@ -41,6 +62,11 @@ def test_a_card_s_settings_are_read_from_its_runtime_config() -> None:
     assert card_settings(worker_card()) == CardSettings()
     # A context length only at the card's top level still counts.
     assert card_settings({"context_length": 4096}) == CardSettings(context_length=4096)
+    # A custom template is known by its checksum; where it is served is kept, not compared.
+    served = card_settings(worker_card(template=("http://w1/t.jinja", "blake3:aa")))
+    assert served == CardSettings(chat_template="blake3:aa")
+    assert served is not None and served.chat_template_url == "http://w1/t.jinja"
+    assert served == card_settings(worker_card(template=("http://w2/t.jinja", "blake3:aa")))
 
 
 def test_a_card_that_cannot_be_read_states_nothing() -> None:
@@ -111,7 +137,29 @@ def test_a_mismatch_names_each_setting_the_workers_now_state_otherwise() -> None
     assert report(HERMES, [HERMES]) == {
         "tool_call_parser": "hermes", "reasoning_parser": None,
         "exclude_tools_when_tool_choice_none": True, "context_length": 2048,
-        "mismatch": None}
+        "chat_template": None, "overridden": [], "mismatch": None}
+
+
+def test_a_setting_serve_s_flag_gave_is_no_mismatch() -> None:
+    registered, _ = choose([CardSettings()], tool_call_parser="hermes")
+    assert registered.overridden == frozenset({"tool_call_parser"})
+    assert mismatch(registered, [CardSettings()]) is None  # the operator's choice
+    assert report(registered, [CardSettings()])["overridden"] == ["tool_call_parser"]
+
+
+def test_the_workers_custom_template_is_chosen_with_where_to_fetch_it() -> None:
+    seen = stated({"1": worker_card(template=("http://w1/t.jinja", "blake3:aa")),
+                   "2": worker_card(template=("http://w2/t.jinja", "blake3:aa"))})
+    chosen, warning = choose(seen)
+    assert warning is None
+    assert chosen.chat_template == "blake3:aa" and chosen.chat_template_url is not None
+    # A template of serve's own wins and is fetched from nowhere.
+    flagged, warning = choose(seen, chat_template="/etc/agent.jinja")
+    assert flagged.chat_template == "/etc/agent.jinja" and flagged.chat_template_url is None
+    assert warning is not None and "--custom-jinja-template /etc/agent.jinja" in warning
+    # A router card without the workers' template is a mismatch.
+    problem = mismatch(CardSettings(), seen)
+    assert problem is not None and "chat_template: the workers' cards say 'blake3:aa'" in problem
 
 
 async def test_serve_waits_for_a_card_and_not_for_ever() -> None:
@@ -151,6 +199,68 @@ def test_the_registered_runtime_config_carries_the_settings() -> None:
             config.exclude_tools_when_tool_choice_none) == ("hermes", "qwen3", 2048, False)
     # No length stated: the binding's default (the model's own) stays.
     assert _runtime_config(RuntimeConfig(), CardSettings()).context_length is None
+
+
+@pytest.fixture
+def template_server() -> Iterator[str]:
+    """A loopback HTTP server that serves a template at /t.jinja (a worker's metadata
+    server, as far as serve reads it), and 1 MB + 1 bytes at /huge.jinja."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = {"/t.jinja": b"{{ messages }}",
+                    "/huge.jinja": b"x" * (TEMPLATE_MAX_BYTES + 1)}.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_serve_fetches_the_workers_template_for_its_own_card(template_server: str,
+                                                             tmp_path: Path) -> None:
+    card = CardSettings(chat_template="blake3:aa", chat_template_url=f"{template_server}/t.jinja")
+    registered, path = _template_file(card, None, tmp_path)
+    assert registered == card and path is not None
+    assert Path(path).read_text() == "{{ messages }}"
+    # No custom template: the model's own; serve's flag: that file, fetched from nowhere.
+    assert _template_file(CardSettings(), None, tmp_path) == (CardSettings(), None)
+    assert _template_file(card, "/etc/agent.jinja", tmp_path) == (card, "/etc/agent.jinja")
+
+
+@pytest.mark.parametrize("name", ["missing.jinja", "huge.jinja"])
+def test_a_template_that_cannot_be_fetched_is_said_and_left_out(template_server: str,
+                                                                tmp_path: Path,
+                                                                name: str) -> None:
+    card = CardSettings(chat_template="blake3:aa",
+                        chat_template_url=f"{template_server}/{name}")
+    with capture_logs() as logs:
+        registered, path = _template_file(card, None, tmp_path)
+    assert path is None and registered.chat_template is None
+    [said] = [entry for entry in logs if entry["event"] == "router.card_template_unread"]
+    assert "--custom-jinja-template" in said["effect"]
+    # ... and the router's card then shows the difference.
+    assert mismatch(registered, [card]) is not None
+
+
+def test_serve_refuses_a_template_flag_that_names_no_file(tmp_path: Path) -> None:
+    args = argparse.Namespace(block_size=None, state_port=0, events_port=0,
+                              refresh_interval=1.0,
+                              custom_jinja_template=str(tmp_path / "none.jinja"))
+    problem = argument_problem(args)
+    assert problem is not None and "--custom-jinja-template must name a readable file" in problem
+    args.custom_jinja_template = None
+    assert argument_problem(args) is None
 
 
 async def test_the_router_says_once_when_the_workers_cards_come_to_differ() -> None:
