@@ -383,8 +383,10 @@ class ThunderAgentRouter:
             where = f"worker {serving}" if serving is not None else "routing"
             refused = refusal(error)
             if refused is not None:  # the request's own fault: a 400 with the reason
-                raise _client_error(
-                    f"request {request_id} was refused at {where}: {refused}") from None
+                # (Refused before the first chunk of a request the KV router placed, the
+                # worker is not known: the refusal is most likely its engine's, not routing's.)
+                at = f" at {where}" if serving is not None else ""
+                raise _client_error(f"request {request_id} was refused{at}: {refused}") from None
             raise RuntimeError(
                 f"request {request_id} failed at {where}: {type(error).__name__}: {error}"
             ) from error

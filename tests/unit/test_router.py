@@ -778,6 +778,21 @@ async def test_a_refusal_mid_stream_of_a_request_the_kv_router_placed_names_its_
         await collect(h.router, turn(None), "r1")  # it said "at routing"
 
 
+async def test_a_refusal_before_the_first_chunk_of_a_request_the_kv_router_placed() -> None:
+    # The worker is not known (no chunk named it): the 400 gives the reason and blames no
+    # one (before: "refused at routing", for an engine's refusal; found by a probe).
+    h = Harness()
+
+    class InvalidArgument(Exception):  # Dynamo's class, by name
+        pass
+
+    h.kv.fail_before_first[A] = InvalidArgument("max_output_tokens must be specified")
+    with pytest.raises(Exception) as refused:
+        await collect(h.router, turn(None), "r1")
+    assert str(refused.value) == "request r1 was refused: max_output_tokens must be specified"
+    assert h.router.stats.failovers == 0
+
+
 async def test_a_request_a_worker_never_took_goes_elsewhere_and_puts_it_aside() -> None:
     h = Harness()  # a stopped worker: its TCP server never acknowledges the request
     h.kv.fail_before_first[A] = Exception("DeadlineExceeded: TCP request to 127.0.0.1:1 timed out")
