@@ -20,16 +20,25 @@ file it fetches from the worker, as the frontend does; its ``--dyn-tool-call-par
 says where the workers' cards come to state otherwise: the frontend reads a card once, so
 only a restarted router carries new settings (``/state`` ``router_card``, the log,
 ``doctor``).
+
+Pure but for the bounded wait for a first card (:func:`cards_unless_stopped`) and the fetch
+of a custom template (:func:`template_file`), which ``serve`` calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
+
+import structlog
+
+log = structlog.get_logger("dynamo_thunderagent.serve")
 
 WAIT_SECONDS = 30.0
 POLL_SECONDS = 0.25
@@ -213,3 +222,58 @@ def report(registered: CardSettings, seen: Iterable[CardSettings]) -> dict[str, 
             "chat_template": registered.chat_template,
             "overridden": sorted(registered.overridden),
             "mismatch": mismatch(registered, seen)}
+
+
+async def cards_unless_stopped(read_cards: Callable[[], Mapping[str, Any]],
+                                stop: asyncio.Event) -> list[CardSettings]:
+    """:func:`await_cards`, cut short by a SIGTERM (``stop``): then the cards there now (the
+    router registers and ends at once rather than after the wait)."""
+    waiting = asyncio.ensure_future(await_cards(read_cards))
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if waiting.done():
+        return waiting.result()
+    waiting.cancel()
+    return stated(read_cards())
+
+
+TEMPLATE_MAX_BYTES = 1 << 20
+
+
+def template_file(card: CardSettings, flag: str | None,
+                   folder: Path) -> tuple[CardSettings, str | None]:
+    """The chat template file the router's card is registered with: serve's flag, or the
+    workers' custom template fetched from where their card says into ``folder`` (as the
+    frontend fetches a card's files); None for the model's own. A template that cannot be
+    fetched is said and left out of the card (``/state`` ``router_card`` then shows the
+    mismatch)."""
+    if flag is not None:
+        return card, flag
+    if card.chat_template_url is None:
+        return card, None
+    try:
+        with urllib.request.urlopen(card.chat_template_url, timeout=10) as response:
+            text = response.read(TEMPLATE_MAX_BYTES + 1)
+        if len(text) > TEMPLATE_MAX_BYTES:
+            raise ValueError(f"larger than {TEMPLATE_MAX_BYTES} bytes")
+    except (OSError, ValueError) as error:
+        log.warning("router.card_template_unread", url=card.chat_template_url,
+                    error=f"{type(error).__name__}: {error}",
+                    effect="the router's card has the model's own chat template, not the "
+                           "workers' custom one; pass --custom-jinja-template")
+        return replace(card, chat_template=None, chat_template_url=None), None
+    path = folder / "chat_template.jinja"
+    path.write_bytes(text)
+    return card, str(path)
+
+
+def runtime_config(config: Any, card: CardSettings) -> Any:
+    """Dynamo's ``ModelRuntimeConfig`` for the router's card, with the workers' settings
+    that the frontend acts on (:mod:`dynamo_thunderagent.dynamo.router_card`)."""
+    config.tool_call_parser = card.tool_call_parser
+    config.reasoning_parser = card.reasoning_parser
+    config.exclude_tools_when_tool_choice_none = card.exclude_tools_when_tool_choice_none
+    if card.context_length is not None:
+        config.context_length = card.context_length
+    return config

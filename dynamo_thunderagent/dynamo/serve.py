@@ -16,9 +16,8 @@ import os
 import signal
 import sys
 import tempfile
-import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,12 @@ from dynamo_thunderagent.catalog import PluginError, default_catalog, load_polic
 from dynamo_thunderagent.config import PolicyError
 from dynamo_thunderagent.dynamo.block_size import await_block_size, mismatch, report
 from dynamo_thunderagent.dynamo.reload import check_policy, signature
-from dynamo_thunderagent.dynamo.router_card import CardSettings, await_cards, stated
+from dynamo_thunderagent.dynamo.router_card import (
+    CardSettings,
+    cards_unless_stopped,
+    runtime_config,
+    template_file,
+)
 from dynamo_thunderagent.dynamo.router_card import choose as choose_card
 from dynamo_thunderagent.dynamo.router_card import mismatch as card_mismatch
 from dynamo_thunderagent.dynamo.router_card import report as card_report
@@ -277,12 +281,12 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
         lambda: _exposition(lambda: on_loop(loop, metrics.exposition)))
     # The router's card carries the workers' settings the frontend acts on (parsers, context
     # length): wait for a worker's card, as for the block size, before registering it.
-    seen = await _cards_unless_stopped(cards.get_model_cards, stop)
+    seen = await cards_unless_stopped(cards.get_model_cards, stop)
     card, card_warning = choose_card(seen, tool_call_parser=args.dyn_tool_call_parser,
                                      reasoning_parser=args.dyn_reasoning_parser,
                                      chat_template=args.custom_jinja_template)
     template_dir = tempfile.TemporaryDirectory(prefix="thunderagent-card-")
-    card, template_path = _template_file(card, args.custom_jinja_template,
+    card, template_path = template_file(card, args.custom_jinja_template,
                                          Path(template_dir.name))
     if card_warning is not None:
         log.warning("router.card", reason=card_warning, **card_report(card, seen))
@@ -294,7 +298,7 @@ async def _serve(args: argparse.Namespace, policy: Any, catalog: Any, worker_pat
         args.model_name,
         worker_type=WorkerType.Aggregated,
         kv_cache_block_size=block_size,
-        runtime_config=_runtime_config(ModelRuntimeConfig(), card),
+        runtime_config=runtime_config(ModelRuntimeConfig(), card),
         custom_template_path=template_path,
     )
     serving = asyncio.ensure_future(endpoint.serve_endpoint(router.generate))
@@ -344,61 +348,6 @@ async def _watch_block_size(workers: Any, kv_router_block_size: int,
             log.warning("router.block_size_mismatch", kv_router_block_size=kv_router_block_size,
                         workers_block_sizes=sorted(sizes), reason=problem)
         await asyncio.sleep(every)
-
-
-async def _cards_unless_stopped(read_cards: Callable[[], Mapping[str, Any]],
-                                stop: asyncio.Event) -> list[CardSettings]:
-    """:func:`await_cards`, cut short by a SIGTERM (``stop``): then the cards there now (the
-    router registers and ends at once rather than after the wait)."""
-    waiting = asyncio.ensure_future(await_cards(read_cards))
-    stopping = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
-    if waiting.done():
-        return waiting.result()
-    waiting.cancel()
-    return stated(read_cards())
-
-
-TEMPLATE_MAX_BYTES = 1 << 20
-
-
-def _template_file(card: CardSettings, flag: str | None,
-                   folder: Path) -> tuple[CardSettings, str | None]:
-    """The chat template file the router's card is registered with: serve's flag, or the
-    workers' custom template fetched from where their card says into ``folder`` (as the
-    frontend fetches a card's files); None for the model's own. A template that cannot be
-    fetched is said and left out of the card (``/state`` ``router_card`` then shows the
-    mismatch)."""
-    if flag is not None:
-        return card, flag
-    if card.chat_template_url is None:
-        return card, None
-    try:
-        with urllib.request.urlopen(card.chat_template_url, timeout=10) as response:
-            text = response.read(TEMPLATE_MAX_BYTES + 1)
-        if len(text) > TEMPLATE_MAX_BYTES:
-            raise ValueError(f"larger than {TEMPLATE_MAX_BYTES} bytes")
-    except (OSError, ValueError) as error:
-        log.warning("router.card_template_unread", url=card.chat_template_url,
-                    error=f"{type(error).__name__}: {error}",
-                    effect="the router's card has the model's own chat template, not the "
-                           "workers' custom one; pass --custom-jinja-template")
-        return replace(card, chat_template=None, chat_template_url=None), None
-    path = folder / "chat_template.jinja"
-    path.write_bytes(text)
-    return card, str(path)
-
-
-def _runtime_config(config: Any, card: CardSettings) -> Any:
-    """Dynamo's ``ModelRuntimeConfig`` for the router's card, with the workers' settings
-    that the frontend acts on (:mod:`dynamo_thunderagent.dynamo.router_card`)."""
-    config.tool_call_parser = card.tool_call_parser
-    config.reasoning_parser = card.reasoning_parser
-    config.exclude_tools_when_tool_choice_none = card.exclude_tools_when_tool_choice_none
-    if card.context_length is not None:
-        config.context_length = card.context_length
-    return config
 
 
 async def _watch_card(workers: Any, registered: CardSettings, every: float = 5.0) -> None:

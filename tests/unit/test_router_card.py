@@ -16,22 +16,19 @@ import pytest
 from structlog.testing import capture_logs
 
 from dynamo_thunderagent.dynamo.router_card import (
+    TEMPLATE_MAX_BYTES,
     CardSettings,
     await_cards,
     card_settings,
+    cards_unless_stopped,
     choose,
     mismatch,
     report,
+    runtime_config,
     stated,
+    template_file,
 )
-from dynamo_thunderagent.dynamo.serve import (
-    TEMPLATE_MAX_BYTES,
-    _cards_unless_stopped,
-    _runtime_config,
-    _template_file,
-    _watch_card,
-    argument_problem,
-)
+from dynamo_thunderagent.dynamo.serve import _watch_card, argument_problem
 
 
 def worker_card(*, tool: str | None = None, reasoning: str | None = None,
@@ -54,7 +51,7 @@ def worker_card(*, tool: str | None = None, reasoning: str | None = None,
 HERMES = CardSettings(tool_call_parser="hermes", context_length=2048)
 
 
-def test_a_card_s_settings_are_read_from_its_runtime_config() -> None:
+def test_a_card_s_settings_are_read_from_itsruntime_config() -> None:
     raw = json.dumps(worker_card(tool="hermes", reasoning="deepseek_r1", length=2048,
                                  exclude=False))
     assert card_settings(raw) == CardSettings("hermes", "deepseek_r1", False, 2048)
@@ -177,7 +174,7 @@ async def test_serve_waits_for_a_card_and_not_for_ever() -> None:
 async def test_a_sigterm_during_the_wait_ends_it_with_the_cards_there() -> None:
     stop = asyncio.Event()
     cards: dict[str, Any] = {}
-    waiting = asyncio.create_task(_cards_unless_stopped(lambda: cards, stop))
+    waiting = asyncio.create_task(cards_unless_stopped(lambda: cards, stop))
     await asyncio.sleep(0.3)
     assert not waiting.done()  # no card yet: still waiting (up to 30 s)
     cards["7"] = worker_card(reasoning="qwen3")  # read by a last poll or after the stop
@@ -185,7 +182,7 @@ async def test_a_sigterm_during_the_wait_ends_it_with_the_cards_there() -> None:
     assert await asyncio.wait_for(waiting, 1.0) == [CardSettings(reasoning_parser="qwen3")]
     cards.clear()  # and a card that arrives first ends the wait as before
     cards["8"] = worker_card(tool="hermes")
-    assert await asyncio.wait_for(_cards_unless_stopped(lambda: cards, asyncio.Event()),
+    assert await asyncio.wait_for(cards_unless_stopped(lambda: cards, asyncio.Event()),
                                   5.0) == [CardSettings(tool_call_parser="hermes")]
 
 
@@ -194,11 +191,11 @@ def test_the_registered_runtime_config_carries_the_settings() -> None:
         tool_call_parser = reasoning_parser = context_length = None
         exclude_tools_when_tool_choice_none = True
 
-    config = _runtime_config(RuntimeConfig(), CardSettings("hermes", "qwen3", False, 2048))
+    config = runtime_config(RuntimeConfig(), CardSettings("hermes", "qwen3", False, 2048))
     assert (config.tool_call_parser, config.reasoning_parser, config.context_length,
             config.exclude_tools_when_tool_choice_none) == ("hermes", "qwen3", 2048, False)
     # No length stated: the binding's default (the model's own) stays.
-    assert _runtime_config(RuntimeConfig(), CardSettings()).context_length is None
+    assert runtime_config(RuntimeConfig(), CardSettings()).context_length is None
 
 
 @pytest.fixture
@@ -230,12 +227,12 @@ def template_server() -> Iterator[str]:
 def test_serve_fetches_the_workers_template_for_its_own_card(template_server: str,
                                                              tmp_path: Path) -> None:
     card = CardSettings(chat_template="blake3:aa", chat_template_url=f"{template_server}/t.jinja")
-    registered, path = _template_file(card, None, tmp_path)
+    registered, path = template_file(card, None, tmp_path)
     assert registered == card and path is not None
     assert Path(path).read_text() == "{{ messages }}"
     # No custom template: the model's own; serve's flag: that file, fetched from nowhere.
-    assert _template_file(CardSettings(), None, tmp_path) == (CardSettings(), None)
-    assert _template_file(card, "/etc/agent.jinja", tmp_path) == (card, "/etc/agent.jinja")
+    assert template_file(CardSettings(), None, tmp_path) == (CardSettings(), None)
+    assert template_file(card, "/etc/agent.jinja", tmp_path) == (card, "/etc/agent.jinja")
 
 
 @pytest.mark.parametrize("name", ["missing.jinja", "huge.jinja"])
@@ -245,7 +242,7 @@ def test_a_template_that_cannot_be_fetched_is_said_and_left_out(template_server:
     card = CardSettings(chat_template="blake3:aa",
                         chat_template_url=f"{template_server}/{name}")
     with capture_logs() as logs:
-        registered, path = _template_file(card, None, tmp_path)
+        registered, path = template_file(card, None, tmp_path)
     assert path is None and registered.chat_template is None
     [said] = [entry for entry in logs if entry["event"] == "router.card_template_unread"]
     assert "--custom-jinja-template" in said["effect"]
