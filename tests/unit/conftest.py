@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -115,3 +119,16 @@ def make(**params: Any) -> Harness:
 def h() -> Harness:
     # No buffer and no decay by default, so the arithmetic in tests is plain.
     return make(buffer_per_program=0, acting_decay_tau_seconds=1e9)
+
+
+@contextmanager
+def loopback_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serves ``handler`` on 127.0.0.1 (a free port) in a thread; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,8 @@ from dynamo_thunderagent.dynamo.router_card import (
     template_file,
 )
 from dynamo_thunderagent.dynamo.serve import _watch_card, argument_problem
+
+from .conftest import loopback_server
 
 
 def worker_card(*, tool: str | None = None, reasoning: str | None = None,
@@ -214,14 +215,8 @@ def template_server() -> Iterator[str]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_server(Handler) as url:
+        yield url
 
 
 def test_serve_fetches_the_workers_template_for_its_own_card(template_server: str,

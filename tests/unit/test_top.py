@@ -9,11 +9,10 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -27,6 +26,8 @@ from dynamo_thunderagent.program import WorkerKey
 from dynamo_thunderagent.scheduler import Scheduler
 from dynamo_thunderagent.top import render, run_top
 from dynamo_thunderagent.urls import state_url
+
+from .conftest import loopback_server
 
 W0, W1 = WorkerKey(7587, 0), WorkerKey(7588, 0)
 NOW = 1000.0
@@ -174,14 +175,8 @@ def state_server() -> Iterator[str]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/state"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_server(Handler) as url:
+        yield f"{url}/state"
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
