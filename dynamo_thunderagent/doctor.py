@@ -20,7 +20,8 @@ from dynamo_thunderagent.dynamo.stats import MISSING_SESSIONS_MIN_REQUESTS
 
 Status = Literal["ok", "warn", "fail"]
 SESSION_HEADER_FIX = ("send X-Dynamo-Session-ID: <stable id> on every turn of an agent "
-                      "(examples/agent_loop.py shows the loop)")
+                      "(the frontend also reads x-session-id, thread-id and Claude Code's "
+                      "x-claude-code-session-id as one; examples/agent_loop.py shows the loop)")
 ONE_ROUTER_FIX = ("run exactly one `dynamo-thunderagent serve` per set of workers (in "
                   "Kubernetes: replicas: 1 and strategy Recreate) and stop the others; give "
                   "the router of another model an endpoint of its own (--router-endpoint)")
@@ -398,12 +399,12 @@ def check_router(router: RouterView) -> list[Finding]:
                                 f"({router.window_requests} requests, "
                                 f"{router.window_seconds:g} s)"))
     elif total >= MISSING_SESSIONS_MIN_REQUESTS and router.recent_with_session == 0:
-        findings.append(Finding("fail", "sessions", f"none of {window} carried "
-                                "X-Dynamo-Session-ID: every request bypasses the program table "
+        findings.append(Finding("fail", "sessions", f"none of {window} carried a "
+                                "session id: every request bypasses the program table "
                                 "(plain KV routing)", SESSION_HEADER_FIX))
     elif router.recent_without_session * 2 > total:
         findings.append(Finding("warn", "sessions", f"{router.recent_without_session} of {window} "
-                                "carried no X-Dynamo-Session-ID: they bypass the program table",
+                                "carried no session id: they bypass the program table",
                                 SESSION_HEADER_FIX))
     else:
         findings.append(Finding("ok", "sessions", f"{router.recent_with_session} of {window} "

@@ -18,6 +18,7 @@ it with deadlines; no assertion depends on how fast this machine is.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -97,7 +98,9 @@ def shared_stack(
 ) -> Iterator[Any]:
     root = tmp_path_factory.mktemp(f"router-e2e-{request.param}")
     policy = write_policy(root / "policy.yaml", scheduler_interval_seconds=0.5)
-    with _stack(root / "run", policy, discovery=request.param) as stack:
+    # (Anthropic's messages API on too, for the agent clients that speak it.)
+    with _stack(root / "run", policy, discovery=request.param,
+                frontend_args=["--enable-anthropic-api"]) as stack:
         wait_until_ready(stack, 2)
         yield stack
 
@@ -218,6 +221,88 @@ def test_session_final_releases_the_program_and_its_capacity(stack: Any) -> None
         assert counters(after)["pauses"] == counters(released)["pauses"]
         end_session(client, "release-b")
     wait_for_state(stack, idle, "release-b to be released")
+
+
+# ---- agent clients that name their session their own way -----------------------------------
+# Dynamo's frontend turns other clients' session headers into a turn's session, on Anthropic's
+# messages API (--enable-anthropic-api) and OpenAI's responses API as on chat completions:
+# Claude Code's x-claude-code-session-id, x-session-id, thread-id. (A header it does not know,
+# such as session_id, leaves the request without a session.) Path, session header, body.
+def _messages(text: str, stream: bool) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 8, "stream": stream,
+            "messages": [{"role": "user", "content": text}]}
+
+
+def _responses(text: str, stream: bool) -> dict[str, Any]:
+    return {"model": MODEL, "max_output_tokens": 8, "stream": stream, "input": text}
+
+
+def _chat_body(text: str, stream: bool) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 8, "stream": stream,
+            "messages": [{"role": "user", "content": text}]}
+
+
+AGENT_CLIENTS = {
+    "claude-code-messages": ("/messages", "x-claude-code-session-id", _messages),
+    "responses": ("/responses", "x-session-id", _responses),
+    "chat-thread-id": ("/chat/completions", "thread-id", _chat_body),
+}
+
+
+def _post(stack: Any, path: str, body: dict[str, Any], headers: dict[str, str]) -> str:
+    """POST ``body`` to the frontend; the reply's text (a 200 asserted)."""
+    import urllib.request
+
+    request = urllib.request.Request(
+        stack.url + path, data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json", "anthropic-version": "2023-06-01",
+                 **headers})
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        assert reply.status == 200
+        text: str = reply.read().decode()
+    return text
+
+
+def _ended_well(path: str, stream: bool, reply: str) -> bool:
+    """Whether ``reply`` is a whole answer of its API (its closing event, when streamed)."""
+    if stream:
+        closing = {"/messages": ("event: message_stop",),
+                   "/responses": ("event: response.completed", "event: response.incomplete"),
+                   "/chat/completions": ("data: [DONE]",)}[path]
+        return any(event in reply for event in closing)
+    answer = json.loads(reply)
+    if path == "/messages":
+        return bool(answer["type"] == "message" and answer["stop_reason"])
+    if path == "/responses":
+        return bool(answer["object"] == "response" and answer["status"] in (
+            "completed", "incomplete"))
+    return bool(answer["choices"][0]["finish_reason"])
+
+
+@pytest.mark.parametrize("client", sorted(AGENT_CLIENTS))
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_agent_clients_sessions_are_programs_on_every_api(stack: Any, client: str,
+                                                          stream: bool) -> None:
+    path, header, body = AGENT_CLIENTS[client]
+    session = f"{client}-{'s' if stream else 'w'}"
+    before = get_state(stack)
+    text = ""
+    for step in (1, 2):
+        text += turn_text(session, step)
+        reply = _post(stack, path, body(text, stream), {header: session})
+        assert _ended_well(path, stream, reply), reply[-400:]
+        state = wait_for_state(stack, lambda s: s["in_flight"] == 0,
+                               "the turn to leave the router")
+        program = programs(state).get(session)
+        assert program is not None and program["steps"] == step, programs(state)
+    # The session-final, answered by the router itself, reads as a whole answer of the API.
+    reply = _post(stack, path, body("done", stream),
+                  {header: session, SESSION_FINAL: "true"})
+    assert _ended_well(path, stream, reply), reply[-400:]
+    after = wait_for_state(stack, idle, f"the {client} session to end")
+    assert after["router"]["completed"] == before["router"]["completed"] + 2
+    assert after["router"]["session_final"] == before["router"]["session_final"] + 1
+    assert after["router"]["passthrough"] == before["router"]["passthrough"]
 
 
 # ---- 5. no session: pass-through --------------------------------------------------------------
