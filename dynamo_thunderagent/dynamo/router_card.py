@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -245,14 +246,17 @@ def template_file(card: CardSettings, flag: str | None,
                    folder: Path) -> tuple[CardSettings, str | None]:
     """The chat template file the router's card is registered with: serve's flag, or the
     workers' custom template fetched from where their card says into ``folder`` (as the
-    frontend fetches a card's files); None for the model's own. A template that cannot be
-    fetched is said and left out of the card (``/state`` ``router_card`` then shows the
-    mismatch)."""
+    frontend fetches a card's files, over http(s) only); None for the model's own. A
+    template that cannot be fetched is said and left out of the card (``/state``
+    ``router_card`` then shows the mismatch)."""
     if flag is not None:
         return card, flag
     if card.chat_template_url is None:
         return card, None
     try:
+        scheme = urllib.parse.urlsplit(card.chat_template_url).scheme
+        if scheme not in ("http", "https"):  # a worker's metadata server; never a local file
+            raise ValueError(f"not an http(s) URL (scheme {scheme!r})")
         with urllib.request.urlopen(card.chat_template_url, timeout=10) as response:
             text = response.read(TEMPLATE_MAX_BYTES + 1)
         if len(text) > TEMPLATE_MAX_BYTES:
@@ -269,8 +273,9 @@ def template_file(card: CardSettings, flag: str | None,
 
 
 def runtime_config(config: Any, card: CardSettings) -> Any:
-    """Dynamo's ``ModelRuntimeConfig`` for the router's card, with the workers' settings
-    that the frontend acts on (:mod:`dynamo_thunderagent.dynamo.router_card`)."""
+    """Dynamo's ``ModelRuntimeConfig`` ``config`` for the router's card, set to ``card``'s
+    settings that the frontend acts on (the model's own context length where no card
+    states one)."""
     config.tool_call_parser = card.tool_call_parser
     config.reasoning_parser = card.reasoning_parser
     config.exclude_tools_when_tool_choice_none = card.exclude_tools_when_tool_choice_none

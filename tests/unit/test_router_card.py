@@ -230,12 +230,15 @@ def test_serve_fetches_the_workers_template_for_its_own_card(template_server: st
     assert template_file(card, "/etc/agent.jinja", tmp_path) == (card, "/etc/agent.jinja")
 
 
-@pytest.mark.parametrize("name", ["missing.jinja", "huge.jinja"])
+@pytest.mark.parametrize("name", ["missing.jinja", "huge.jinja", "local"])
 def test_a_template_that_cannot_be_fetched_is_said_and_left_out(template_server: str,
                                                                 tmp_path: Path,
                                                                 name: str) -> None:
-    card = CardSettings(chat_template="blake3:aa",
-                        chat_template_url=f"{template_server}/{name}")
+    # (local: a card naming a file on the router's host is not read, though one is there.)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not a template")
+    url = secret.as_uri() if name == "local" else f"{template_server}/{name}"
+    card = CardSettings(chat_template="blake3:aa", chat_template_url=url)
     with capture_logs() as logs:
         registered, path = template_file(card, None, tmp_path)
     assert path is None and registered.chat_template is None
