@@ -101,6 +101,7 @@ class RouterView:
     with_session: int = 0
     session_finals: int = 0
     live_workers: tuple[int, ...] = ()
+    prefill_only: tuple[int, ...] = ()  # /state prefill_only_workers: never a target
     programs: int = 0
     block_size_mismatch: str | None = None
     card_mismatch: str | None = None  # /state router_card.mismatch
@@ -135,6 +136,7 @@ def router_view(url: str, state: Mapping[str, Any]) -> RouterView:
         with_session=int(router["with_session"]),
         session_finals=int(router["session_final"]) - int(router["doctor_probes"]),
         live_workers=tuple(int(w) for w in state.get("live_workers") or ()),
+        prefill_only=tuple(int(w) for w in state.get("prefill_only_workers") or ()),
         programs=len(scheduler.get("programs") or {}),
         block_size_mismatch=_part_text(state.get("kv_router"), "mismatch"),
         card_mismatch=_part_text(state.get("router_card"), "mismatch"),
@@ -375,6 +377,14 @@ def check_router(router: RouterView) -> list[Finding]:
         findings.append(Finding("ok", "router", f"the router sees "
                                 f"{_count(len(router.live_workers), 'live worker')} and holds "
                                 f"{_count(router.programs, 'program')}"))
+    if router.prefill_only:
+        findings.append(Finding(
+            "warn", "disaggregated",
+            f"{_count(len(router.prefill_only), 'worker')} only prefill (instances "
+            f"{', '.join(map(str, router.prefill_only))}): the router sends them nothing, so "
+            "the decode workers serve every request, prefill included",
+            "start the workers aggregated behind this router (the scheduler places whole "
+            "programs on one worker); a prefill worker holds KV the scheduler cannot use"))
     if router.other_routers is not None:
         findings.append(Finding("fail", "routers", router.other_routers, ONE_ROUTER_FIX))
     elif router.routers_unwatched is not None:

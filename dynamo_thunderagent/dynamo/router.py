@@ -455,9 +455,19 @@ class ThunderAgentRouter:
             # No session: the KV router's own choice. A turn run alongside its session's
             # running one: pinned where that turn runs (their shared prompt is cached there).
             side = admission.preferred
-            if side is None or side.worker_id not in live:
+            if side is not None and side.worker_id in live:
+                return pin_request(request, side), side
+            if not self.workers.prefill_only:
                 return request, None
-            return pin_request(request, side), side
+            # Beside prefill-only workers the KV router may pick one (it holds the
+            # prompt's cache), which would answer with the first token alone: the least
+            # loaded live worker instead.
+            loads = await self.kv_router.get_potential_loads(list(request.get("token_ids") or []))
+            candidates = worker_loads(loads, live)
+            if not candidates:
+                raise NoEligibleWorker("no live worker that decodes serves this model")
+            target = self.selector.select(candidates, None, self.block_size)
+            return pin_request(request, target), target
         preferred = admission.preferred
         home = preferred if preferred is not None and preferred.worker_id in live else None
         if home is not None and self.selector.takes_live_preferred:

@@ -351,6 +351,23 @@ def capacity_cards(
     return cards
 
 
+def prefill_only_workers(model_cards: Mapping[str, str | Mapping[str, Any]]) -> frozenset[int]:
+    """The workers whose model card says they only prefill (``worker_type: "prefill"``, a
+    disaggregated deployment's prefill workers, which answer a request with its first token
+    alone and leave the rest to a decode worker). A card that cannot be read says nothing."""
+    found = set()
+    for worker_id, raw in model_cards.items():
+        try:
+            card = json.loads(raw) if isinstance(raw, str) else raw
+            wid = _whole(worker_id, "the worker id")
+        except ValueError:
+            continue
+        kind = card.get("worker_type") if isinstance(card, Mapping) else None
+        if isinstance(kind, str) and kind.strip().lower() == "prefill":
+            found.add(wid)
+    return frozenset(found)
+
+
 def _capacity_card(worker_id: str, raw: str | Mapping[str, Any]) -> dict[WorkerKey, CapacityCard]:
     """One worker's ranks and their card; ValueError says what cannot be read."""
     wid = _whole(worker_id, "the worker id")

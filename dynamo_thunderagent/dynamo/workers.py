@@ -7,7 +7,10 @@ refresh_workers``) and hands it to the classifier. It comes from three places:
   (put aside for ``UNREACHABLE_SECONDS``: discovery lists a killed worker until its lease
   runs out);
 * the workers' model cards: each rank's KV capacity, one card at a time, so that a card
-  that cannot be read costs only its own worker's capacity (``unreadable_cards``);
+  that cannot be read costs only its own worker's capacity (``unreadable_cards``); and
+  which workers only prefill (a disaggregated deployment's prefill workers answer a
+  request with its first token alone): they are never a request's target, so the decode
+  and aggregated workers serve every request, prefill included (``prefill_only_workers``);
 * the router's own namespace, where a worker started by mistake is reached by the frontend
   directly, around the scheduler (warned about while it serves there).
 """
@@ -27,7 +30,7 @@ from dynamo_thunderagent.dynamo.block_size import card_block_sizes
 from dynamo_thunderagent.dynamo.failover import address_in_error, worker_at
 from dynamo_thunderagent.dynamo.router_card import CardSettings, stated
 from dynamo_thunderagent.dynamo.stats import exposed_workers_due
-from dynamo_thunderagent.dynamo.translate import capacity_cards
+from dynamo_thunderagent.dynamo.translate import capacity_cards, prefill_only_workers
 from dynamo_thunderagent.program import WorkerKey
 
 log = structlog.get_logger("dynamo_thunderagent.router")
@@ -78,6 +81,8 @@ class WorkerWatch:
         # unknown (GET /state ``unreadable_cards``; logged when the set changes).
         self.unreadable_cards: dict[str, str] = {}
         self._card_keys: frozenset[WorkerKey] = frozenset()
+        # Workers whose card says they only prefill: left out of the live workers.
+        self.prefill_only: frozenset[int] = frozenset()
         # Workers serving under the workers' component/endpoint name in the router's own
         # namespace (``exposed_endpoint``): a frontend scoped to that namespace reaches them
         # directly, and their requests never see the program table.
@@ -91,11 +96,12 @@ class WorkerWatch:
         return frozenset(self.client.instance_ids())
 
     def live_ids(self) -> frozenset[int]:
-        """Live workers by discovery, less those that just failed to take a request."""
+        """Live workers by discovery, less those that just failed to take a request and
+        those that only prefill (as of the last read of the cards)."""
         now = self.clock()
         for worker_id in [w for w, until in self.unreachable.items() if until <= now]:
             del self.unreachable[worker_id]
-        return self.listed() - set(self.unreachable)
+        return self.listed() - set(self.unreachable) - self.prefill_only
 
     def put_aside(self, worker_id: int) -> bool:
         """Avoid ``worker_id`` for UNREACHABLE_SECONDS, unless it is the only live worker
@@ -126,8 +132,9 @@ class WorkerWatch:
         """Read liveness and the capacity cards (a card that cannot be read is left out,
         named in ``unreadable_cards`` and logged when that changes). The view changes only
         at :meth:`commit`, once the scheduler has been told."""
-        live = self.live_ids()
         model_cards = self.cards.get_model_cards() if self.cards else {}
+        self._note_prefill_only(prefill_only_workers(model_cards))
+        live = self.live_ids()
         self.stated_block_sizes = card_block_sizes(model_cards)
         self.stated_cards = stated(model_cards)
         unreadable: dict[str, str] = {}
@@ -144,6 +151,15 @@ class WorkerWatch:
             self.unreadable_cards = unreadable
         changed = live != self.live or frozenset(cards) != self._card_keys
         return WorkersRead(live, cards, changed)
+
+    def _note_prefill_only(self, found: frozenset[int]) -> None:
+        """Follow the prefill-only workers, saying so when they change."""
+        if found - self.prefill_only:
+            log.warning("workers.prefill_only", instances=sorted(found),
+                        effect="these workers only prefill (a disaggregated deployment): "
+                               "the router sends them nothing, and the decode and aggregated "
+                               "workers serve every request, prefill included")
+        self.prefill_only = found
 
     def commit(self, read: WorkersRead) -> None:
         """``read`` is what the scheduler now knows: the view (``/state``) follows it."""
@@ -174,6 +190,7 @@ class WorkerWatch:
             "live_workers": sorted(self.live),
             "unreachable_workers": sorted(self.unreachable),
             "unreadable_cards": dict(self.unreadable_cards),
+            "prefill_only_workers": sorted(self.prefill_only),
             "exposed_workers": sorted(self.exposed_ids),
             "exposed_endpoint": self.exposed_endpoint,
         }

@@ -57,8 +57,8 @@ def model_listed(api_url: str, model_name: str) -> bool:
 
 
 def router_sees_workers(state_url: str, want: int) -> bool:
-    """Our router's ``/state`` lists ``want`` workers live and, if its classifier reports
-    ranks, knows the capacity of each."""
+    """Our router's ``/state`` lists ``want`` workers, live or prefill-only, and, if its
+    classifier reports ranks, knows the capacity of each live one."""
     body = http_get(state_url)
     if body is None:
         return False
@@ -67,7 +67,9 @@ def router_sees_workers(state_url: str, want: int) -> bool:
         ranks = (state.get("scheduler") or {}).get("ranks")
         known = want if ranks is None else sum(
             1 for rank in ranks.values() if rank.get("capacity_tokens"))
-        return len(state.get("live_workers") or []) >= want and known >= want
+        prefill = len(state.get("prefill_only_workers") or [])  # never the router's target
+        return (len(state.get("live_workers") or []) + prefill >= want
+                and known + prefill >= want)
     return False
 
 

@@ -426,6 +426,38 @@ def test_the_workers_parsers_template_and_context_length_reach_the_frontend_via_
         assert card["chat_template"] and card["mismatch"] is None
 
 
+def test_a_disaggregated_deployments_prefill_worker_is_never_sent_a_request(
+        tmp_path: Path) -> None:
+    # A mocker started with --disaggregation-mode prefill answers a request with its first
+    # token alone. Behind ours, requests without a session went there (the KV router saw the
+    # prompts' cache on it, the decode worker publishes none): one token, finish "length",
+    # where stock's frontend prefilled there and decoded on the decode worker. The router
+    # leaves prefill-only workers out; the decode worker serves everything.
+    stack = _stack(tmp_path / "run", REPO_ROOT / "policies" / "thunderagent-extended.yaml",
+                   speedup_ratio=10.0)
+    modes = iter(["prefill", "decode"])
+    mocker = stack._mocker_argv
+    stack._mocker_argv = lambda endpoint=None: [*mocker(endpoint), "--disaggregation-mode",
+                                                next(modes)]
+    with stack, _sync_client(stack) as client:
+        state = wait_for_state(stack, lambda s: len(s["prefill_only_workers"]) == 1
+                               and len(s["live_workers"]) == 1, "the prefill worker's card")
+        decoder = state["live_workers"][0]
+        assert state["prefill_only_workers"] != [decoder]
+        prompt = ""
+        for step in range(4):  # a prompt that grows: its cache is on the prefill worker
+            prompt += turn_text("disagg", step)
+            for session in (None, "disagg"):
+                reply = chat(client, [{"role": "user", "content": prompt}], session=session,
+                             max_tokens=16)
+                assert reply.usage is not None and reply.usage.completion_tokens == 16, (
+                    session, step, reply)
+                if session is not None:
+                    assert serving_worker(reply) == decoder
+        assert worker_of(programs(get_state(stack))["disagg"]) == decoder
+        end_session(client, "disagg")
+
+
 # ---- 7. a client that goes away mid-stream --------------------------------------------------
 def test_client_disconnect_mid_stream_aborts_the_turn_and_keeps_the_program(stack: Any) -> None:
     session = "disconnect"

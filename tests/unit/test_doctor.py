@@ -223,6 +223,15 @@ def test_a_router_card_without_the_workers_parsers_fails_the_check() -> None:
     assert by_check(check_router(router_view("u", _state())), "router-card") == []
 
 
+def test_prefill_only_workers_are_a_warning_that_says_they_serve_nothing() -> None:
+    state = _state()
+    state["prefill_only_workers"] = [44]
+    [finding] = by_check(check_router(router_view("u", state)), "disaggregated")
+    assert finding.status == "warn" and "44" in finding.found and "aggregated" in (
+        finding.fix or "")
+    assert by_check(check_router(router_view("u", _state())), "disaggregated") == []
+
+
 def test_two_routers_at_the_routers_endpoint_fail_in_discovery_and_in_its_state() -> None:
     second = Registration("ta", "router", "generate", 2, "tiny", None)
     findings = check_discovery(SETTINGS, Discovery("file", "/kv", (ROUTER, second, WORKER_A)))

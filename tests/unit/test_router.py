@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.classifier import (
@@ -329,6 +330,48 @@ async def test_requests_without_a_session_pass_through_unpinned_and_untracked() 
     assert chunks[-1]["finish_reason"] == "length"
     assert h.events == [] and h.classifier.scheduler.table.programs == {}
     assert h.router.stats.passthrough == 1 and h.kv.load_queries == 0
+
+
+def disaggregated(h: Harness) -> None:
+    """Worker A's card now says it only prefills (a disaggregated deployment's prefill
+    worker, which answers a request with its first token alone); B decodes."""
+    card = json.loads(h.cards.cards[str(A)])
+    h.cards.cards[str(A)] = json.dumps({**card, "worker_type": "prefill"})
+    h.cards.cards[str(B)] = json.dumps({**json.loads(h.cards.cards[str(B)]),
+                                        "worker_type": "decode"})
+    h.router.refresh_workers()
+
+
+async def test_a_prefill_only_worker_is_never_a_requests_target() -> None:
+    # Found live: behind ours, a mocker started with --disaggregation-mode prefill answered
+    # requests without a session (the KV router picked it: it holds the prompts' cache)
+    # with one token and finish "length"; stock's frontend prefilled there and decoded on
+    # the decode worker. The router leaves such workers out: the others serve everything.
+    h = Harness()
+    disaggregated(h)
+    h.kv.loads = {A: 0, B: 500}  # the KV router would rather pick A
+    with capture_logs() as logs:
+        h.router.refresh_workers()  # read again: said once, when the set changed
+    assert [e for e in logs if e["event"] == "workers.prefill_only"] == []
+    assert h.router.workers.live_ids() == {B}
+    assert h.router.state()["prefill_only_workers"] == [A]
+    assert set(h.classifier.scheduler.capacity.known) == {WorkerKey(B)}
+    await collect(h.router, turn(None), "r1")  # no session
+    await collect(h.router, turn("s"), "r2")  # a program's turn
+    assert [r["routing"].get("backend_instance_id") for r in h.kv.requests] == [B, B]
+    assert h.router.stats.completed == 1 and h.router.stats.passthrough == 1
+
+
+async def test_a_prefill_only_worker_is_said_once_and_forgotten_when_it_decodes() -> None:
+    h = Harness()
+    with capture_logs() as logs:
+        disaggregated(h)
+    [said] = [e for e in logs if e["event"] == "workers.prefill_only"]
+    assert said["instances"] == [A] and "sends them nothing" in said["effect"]
+    h.cards.cards[str(A)] = model_card(256)  # restarted aggregated
+    h.router.refresh_workers()
+    assert h.router.workers.live_ids() == {A, B}
+    assert h.router.state()["prefill_only_workers"] == []
 
 
 async def test_a_request_without_a_session_holds_its_room_only_while_it_runs() -> None:

@@ -19,6 +19,7 @@ from dynamo_thunderagent.dynamo.translate import (
     for_frontend,
     hash_prefix_blocks,
     pin_request,
+    prefill_only_workers,
     served_by,
     session_final_response,
     with_serving_worker,
@@ -344,6 +345,15 @@ def card(blocks: int | None = 256, block_size: int | None = 16, dp_start: int | 
     if block_size is not None:
         out["kv_cache_block_size"] = block_size
     return out
+
+
+def test_prefill_only_workers_are_those_whose_card_says_so() -> None:
+    # Dynamo 1.6.1's cards (a mocker with --disaggregation-mode): "prefill", "decode",
+    # "aggregated"; cards that cannot be read, or say nothing, name no one.
+    cards = {"1": json.dumps({"worker_type": "prefill"}), "2": {"worker_type": "decode"},
+             "3": {"worker_type": "aggregated"}, "4": {"worker_type": " Prefill "},
+             "5": "not json", "6": ["a", "list"], "x": {"worker_type": "prefill"}, "7": {}}
+    assert prefill_only_workers(cards) == {1, 4}
 
 
 def test_capacity_cards_parse_json_cards_keyed_by_string_worker_ids() -> None:
