@@ -112,6 +112,13 @@ class Capacity:
         return worker.worker_id in self._live and (
             worker.worker_id not in self._ranked_ids or worker in self._ranks)
 
+    def holds(self, worker: WorkerKey, tokens: int) -> bool:
+        """Whether ``worker``'s whole pool (its card, whatever traffic reserves) can hold
+        ``tokens`` at all; True for a rank without a usable card (taken at its word). In a
+        fleet of unequal pools a program can outgrow its rank: its engine refuses it."""
+        card = self._cards.get(worker)
+        return card is None or card.tokens <= 0 or tokens <= card.tokens
+
     @property
     def any_live(self) -> bool:
         return bool(self._live)

@@ -126,7 +126,7 @@ class ResumePlanner:
         for program in sorted(chosen, key=lambda p: (
                 not (self.make_room and self.aged(p, now)), -p.tokens, p.seq)):
             need = self._need(program, largest)
-            home = program.worker if program.worker in room else None
+            home = _home(program, capacity)
             pays = self.costs.pause_pays(program.tokens, batch)
             price = 0.0
             if self.affinity and home is not None and room[home] >= need:
@@ -176,7 +176,7 @@ class ResumePlanner:
             elif now - program.deferred_since < (
                     self.costs.stall_seconds(program.tokens, batch) or 0.0):
                 worker = None  # not yet worth the re-prefill it causes
-            elif program.worker in evicting:
+            elif program.worker in evicting and _home(program, capacity) is not None:
                 worker = program.worker
             elif everywhere and program.worker not in capacity.known:
                 # The most room left in this pass: releases already booked count, so
@@ -273,6 +273,16 @@ class ResumePlanner:
                 if key < best_key:
                     best, best_key = worker, key
         return best
+
+
+def _home(program: Program, capacity: Capacity) -> WorkerKey | None:
+    """``program``'s worker/rank where it can run there at all: a known rank whose whole
+    pool holds its tokens (:meth:`~dynamo_thunderagent.capacity.Capacity.holds`); else
+    None."""
+    home = program.worker
+    if home is None or home not in capacity.known or not capacity.holds(home, program.tokens):
+        return None
+    return home
 
 
 def _neg(worker: WorkerKey) -> tuple[int, int]:

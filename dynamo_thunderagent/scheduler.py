@@ -105,7 +105,7 @@ class Scheduler:
                          "released_evicting": 0, "alongside": 0,
                          "aging_pauses": 0, "aging_marks": 0,
                          "aging_marks_cleared": 0, "sessionless_untracked": 0,
-                         "empty_rank_moves": 0}
+                         "empty_rank_moves": 0, "outgrown_moves": 0}
         # Requests without a session id running now, and their prompt tokens per rank
         # (``sessionless_kv``); at most max_tracked_requests of them are followed.
         self.sessionless = SessionlessTraffic()
@@ -337,18 +337,25 @@ class Scheduler:
             self._deferred[program.session_id] = program
             return
         worker = program.worker
+        outgrown = False
         if worker is not None and self.capacity.is_live(worker):
-            empty = self._empty_rank(program, worker)
-            if empty is not None:
-                self.counters["empty_rank_moves"] += 1
-                self._release(program, request, empty, now, d, why="empty_rank")
+            # A turn larger than its rank's whole pool never runs there (the engine refuses
+            # it): in a fleet of unequal pools it goes where a pool holds it, as a new
+            # program's turn would (no rank holds it: the router refused it before).
+            outgrown = not self.capacity.holds(worker, program.tokens)
+            if not outgrown:
+                empty = self._empty_rank(program, worker)
+                if empty is not None:
+                    self.counters["empty_rank_moves"] += 1
+                    self._release(program, request, empty, now, d, why="empty_rank")
+                    return
+                self._release(program, request, worker, now, d)  # sticky
                 return
-            self._release(program, request, worker, now, d)  # sticky
-            return
+            self.counters["outgrown_moves"] += 1
         if not self.capacity.known:
             self._release(program, request, None, now, d)  # cold start: no capacity data
             return
-        pays = self.costs.pause_pays(program.tokens, self.batch)
+        pays = outgrown or self.costs.pause_pays(program.tokens, self.batch)
         if program.is_new and self._deferred and pays:
             self._pause(program, now, d)  # no queue jumping past programs waiting for room
             program.deferred_since = now
@@ -364,7 +371,7 @@ class Scheduler:
             self._pause(program, now, d)
             program.deferred_since = now
             return
-        self._release(program, request, target, now, d)
+        self._release(program, request, target, now, d, why="outgrown" if outgrown else None)
 
     def _empty_rank(self, program: Program, home: WorkerKey) -> WorkerKey | None:
         """``leave_for_empty_rank``: a live rank with no program and nothing reserved that

@@ -8,7 +8,8 @@ leaving in a storm, requests the engine refuses, oversize prompts, a flood of se
 malformed session headers, workers with data-parallel ranks, a worker replaced while agents
 run, a worker's model card made unreadable, a session-final with every request slot
 taken, an engine that refuses, fails or cuts short one request, also one queued behind
-another turn of its session) and ends with the same checks (:func:`settles`):
+another turn of its session, programs that outgrow a small worker's pool) and ends with
+the same checks (:func:`settles`):
 
 * every request the router took reached exactly one terminal state (its counters add up:
   completed + aborted + rejected + session-final + cancelled + orphaned + pass-through);
@@ -711,6 +712,47 @@ def test_engine_refusals_and_oversize_prompts_get_clear_errors_and_book_nothing(
             assert usage == baseline, "refused requests were booked as usage"
             assert set(programs(state)) == {"agent"}
         settles(stack, "engine refusals")
+
+
+def test_programs_that_outgrow_a_small_workers_pool_carry_on_on_a_larger_one(
+        tmp_path: Path) -> None:
+    # A fleet of unequal pools (128 and 1,024 blocks of 16 tokens): four sessions whose
+    # prompts grow by about 800 tokens a turn to about 8,000. Before, a program placed on the
+    # small worker stayed pinned there once it outgrew its 2,048 tokens, and its engine
+    # refused every later turn ("request exceeds worker admission limits"): a wedged session
+    # (found by a probe; stock's KV router answered those turns with a 500).
+    stack = start_stack(tmp_path, num_gpu_blocks=128)
+    sizes = iter(["128", "1024"])
+    mocker = stack._mocker_argv
+
+    def unequal(endpoint: str | None = None) -> list[str]:
+        argv = mocker(endpoint)
+        argv[argv.index("--num-gpu-blocks-override") + 1] = next(sizes)
+        return argv
+
+    stack._mocker_argv = unequal
+    with stack:
+        state = wait_until_ready(stack, 2)
+        small = min(state["scheduler"]["ranks"],
+                    key=lambda r: state["scheduler"]["ranks"][r]["capacity_tokens"])
+        with sync_client(stack) as client:
+            prompts = {f"g{i}": "" for i in range(4)}
+            placed_small = set()
+            for step in range(10):
+                for session in prompts:
+                    prompts[session] += f" step {step} " + " ".join(
+                        f"{session}w{j}" for j in range(150))
+                    reply = chat(client, [{"role": "user", "content": prompts[session]}],
+                                 session=session)
+                    assert reply.choices[0].finish_reason == "length", reply
+                    if step == 0 and programs(get_state(stack))[session]["worker"] == small:
+                        placed_small.add(session)
+            assert placed_small, "no program started on the small worker"
+            state = get_state(stack)
+            assert all(p["worker"] != small for p in programs(state).values())
+            assert state["scheduler"]["counters"]["outgrown_moves"] >= len(placed_small)
+            assert state["router"]["errors"] == 0
+        settles(stack, "programs outgrowing a small worker")
 
 
 # ---- an engine that refuses, fails or cuts one request ---------------------------------------

@@ -605,3 +605,57 @@ def test_a_prompt_larger_than_every_worker_is_rejected_at_once(h: Harness) -> No
     assert "huge" not in h.scheduler.table.programs and not h.scheduler.table.requests
     rid, d = h.turn("fits", 4_000)  # as large as the largest rank allows: waits, or runs
     assert not isinstance(d.outcome(rid), Reject)
+
+
+# ---- a program that outgrows its rank's whole pool ------------------------------------------
+def test_a_turn_larger_than_its_ranks_whole_pool_goes_where_a_pool_holds_it() -> None:
+    # Found live, in a fleet of unequal pools (mockers of 128 and 1,024 blocks): a program
+    # placed on the small worker outgrew it, and every later turn was pinned there and
+    # refused by its engine ("request exceeds worker admission limits"), a wedged session.
+    h = make()
+    h.workers({W0: 2_000, W1: 16_000})
+    h.acting_on("grows", W0, 1_500)
+    rid, d = h.turn("grows", 2_500)
+    assert d.outcome(rid) == Release(rid, W1)
+    assert h.program("grows").worker == W1
+    assert [(e.kind.value, e.reason) for e in d.steps][-2:] == [
+        ("moved", "outgrown"), ("admitted", "outgrown")]
+    assert h.scheduler.counters["outgrown_moves"] == 1 and h.scheduler.counters["moves"] == 1
+    h.scheduler.sent(rid, W1, h.now)
+    h.complete(rid, 2_500)
+    rid, d = h.turn("grows", 2_800)  # at home there: sticky again
+    assert d.outcome(rid) == Release(rid, W1)
+    assert h.scheduler.counters["outgrown_moves"] == 1
+
+
+def test_an_outgrown_program_waits_for_room_on_a_pool_that_holds_it_never_goes_home() -> None:
+    h = make()
+    h.workers({W0: 2_000, W1: 16_000})
+    h.acting_on("grows", W0, 1_500)
+    h.acting_on("big", W1, 14_000)  # W1 has no room for 2,500 more under its threshold
+    rid, d = h.turn("grows", 2_500)
+    assert d.outcome(rid) is None and h.state("grows") == (Phase.REASONING, Lifecycle.PAUSED)
+    resumed = []
+    for step in range(6):  # W0 stays empty; W1's room comes back as "big" ends
+        if step == 3:
+            resumed += h.final("big")[1].resumed
+        h.advance(5)
+        resumed += h.tick().resumed
+    assert resumed == [("grows", W1)]
+    assert h.scheduler.table.requests[rid].state is RequestState.RELEASED
+
+
+def test_an_outgrown_program_whose_pause_saves_nothing_is_not_sent_home_either() -> None:
+    # Unmeasured costs: no pause pays, and a program held back for nothing is resumed at
+    # home (price_moves), unless its home's pool cannot hold it.
+    h = make(pause_min_recompute_ratio=1, price_moves=True)
+    h.workers({W0: 2_000, W1: 16_000})
+    h.acting_on("grows", W0, 1_500)
+    h.acting_on("big", W1, 14_000)
+    rid, d = h.turn("grows", 2_500)
+    placed = [(s, w) for s, w in d.resumed] + [
+        (rid, r.worker) for r in d.released if r.request_id == rid]
+    for _ in range(3):
+        h.advance(5)
+        placed += h.tick().resumed
+    assert placed and all(worker == W1 for _, worker in placed), placed
