@@ -462,8 +462,9 @@ class ThunderAgentRouter:
             # Beside prefill-only workers the KV router may pick one (it holds the
             # prompt's cache), which would answer with the first token alone: the least
             # loaded live worker instead.
-            loads = await self.kv_router.get_potential_loads(list(request.get("token_ids") or []))
-            candidates = worker_loads(loads, live)
+            token_ids = list(request.get("token_ids") or [])
+            loads = await self.kv_router.get_potential_loads(token_ids)
+            candidates = self.workers.holding(worker_loads(loads, live), len(token_ids))
             if not candidates:
                 raise NoEligibleWorker("no live worker that decodes serves this model")
             target = self.selector.select(candidates, None, self.block_size)
@@ -485,7 +486,8 @@ class ThunderAgentRouter:
                             turns_so_far=self.stats.loads_unavailable + 1)
             self.stats.loads_unavailable += 1
             return pin_request(request, home), home
-        candidates = worker_loads(loads, live)
+        candidates = self.workers.holding(worker_loads(loads, live),
+                                          len(request.get("token_ids") or []))
         if home is not None and all(c.worker != home for c in candidates):
             # The KV router does not know the home rank (yet): nothing to weigh it against.
             self.stats.loads_unavailable += 1
@@ -535,10 +537,10 @@ class ThunderAgentRouter:
         token_ids = list(following.get("token_ids") or [])
         loads = await self.kv_router.get_potential_loads(token_ids)
         pending = self._pending_failovers
-        candidates = [
+        candidates = self.workers.holding([
             WorkerLoad(c.worker, c.prefill_tokens + pending.get(c.worker, 0), c.decode_blocks)
             for c in worker_loads(loads, self.workers.live_ids())
-            if c.worker.worker_id not in continuation.failed_workers]
+            if c.worker.worker_id not in continuation.failed_workers], len(token_ids))
         try:
             chosen = self.selector.select(candidates, None, self.block_size)
         except NoEligibleWorker:

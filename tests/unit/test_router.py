@@ -305,6 +305,23 @@ async def test_with_a_load_slack_a_turn_leaves_a_home_much_busier_than_another()
     assert h.classifier.scheduler.counters["moves"] == 1
 
 
+async def test_with_a_load_slack_a_turn_never_leaves_for_a_pool_too_small_to_hold_it() -> None:
+    # Workers of unequal pools: the least-loaded one (A, 1,024 tokens) cannot hold this
+    # 2,000-token prompt (its engine would refuse it), so the turn stays home on B however
+    # busy B is.
+    h = Harness()
+    h.cards.cards[str(A)] = model_card(64)  # 1,024 tokens; B: 4,096
+    h.router.refresh_workers()
+    h.router.selector = ThunderAgentSelector(
+        ThunderAgentSelectorParameters(preferred_load_slack=0.5))
+    await collect(h.router, turn("big", tokens=2_000), "r1")
+    assert h.program("big").worker == WorkerKey(B)
+    h.kv.loads = {A: 0, B: 5_000}  # far past the slack
+    await collect(h.router, turn("big", tokens=2_100), "r2")
+    assert h.kv.requests[1]["routing"]["backend_instance_id"] == B
+    assert h.program("big").worker == WorkerKey(B)
+
+
 async def test_with_a_load_slack_a_turn_goes_home_when_the_loads_cannot_be_weighed() -> None:
     h = await slack_harness()
     h.kv.loads = {B: 0}  # the KV router does not list the home rank
