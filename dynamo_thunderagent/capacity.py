@@ -28,8 +28,13 @@ class CapacityCard:
 
     total_kv_blocks: int
     block_size: int
+    # The longest prompt its engine takes (``--max-model-len``; 0: none stated).
+    context_length: int = 0
 
     def __post_init__(self) -> None:
+        if self.context_length < 0:
+            raise ValueError(f"capacity card needs context_length >= 0, got "
+                             f"{self.context_length}")
         if self.total_kv_blocks < 0 or self.block_size <= 0:
             raise ValueError(
                 f"capacity card needs total_kv_blocks >= 0 and block_size > 0, got "
@@ -39,6 +44,12 @@ class CapacityCard:
     @property
     def tokens(self) -> int:
         return self.total_kv_blocks * self.block_size
+
+    def holds(self, tokens: int) -> bool:
+        """Whether its engine can take a prompt of ``tokens`` at all: the whole pool holds
+        it (a pool of 0 says nothing) and it is within the stated context length."""
+        return ((self.tokens <= 0 or tokens <= self.tokens)
+                and (not self.context_length or tokens <= self.context_length))
 
 
 class Capacity:
@@ -50,6 +61,7 @@ class Capacity:
         self._known: dict[WorkerKey, int] = {}
         self._largest = 0
         self._total = 0
+        self.every_rank_holds = 0
         self._block_sizes: dict[WorkerKey, int] = {}
         self._reserved: dict[WorkerKey, int] = {}
         # The live workers whose cards list their ranks, and those ranks: a rank a live
@@ -74,6 +86,11 @@ class Capacity:
         # capacities: traffic that comes and goes must not make a prompt too large.
         self._largest = max(full.values(), default=0)
         self._total = sum(full.values())
+        # The longest prompt every rank in ``known`` takes (fleets of unequal pools or
+        # context lengths: below it, no rank need be checked with :meth:`holds`).
+        self.every_rank_holds = min(
+            (min(tokens, self._cards[key].context_length or tokens)
+             for key, tokens in full.items()), default=0)
         self._block_sizes = {key: self._cards[key].block_size for key in full}
         self._known = {key: self._left(key, tokens) for key, tokens in full.items()}
 
@@ -113,11 +130,20 @@ class Capacity:
             worker.worker_id not in self._ranked_ids or worker in self._ranks)
 
     def holds(self, worker: WorkerKey, tokens: int) -> bool:
-        """Whether ``worker``'s whole pool (its card, whatever traffic reserves) can hold
-        ``tokens`` at all; True for a rank without a usable card (taken at its word). In a
-        fleet of unequal pools a program can outgrow its rank: its engine refuses it."""
+        """Whether ``worker``'s engine can take a prompt of ``tokens`` at all: its whole
+        pool (its card, whatever traffic reserves) holds it and it is within the context
+        length the card states; True for a rank without a usable card (taken at its
+        word). In a fleet of unequal pools or context lengths a program can outgrow its
+        rank: its engine refuses it."""
         card = self._cards.get(worker)
-        return card is None or card.tokens <= 0 or tokens <= card.tokens
+        return card is None or card.holds(tokens)
+
+    def outgrown(self, worker: WorkerKey, tokens: int) -> bool:
+        """Whether a prompt of ``tokens`` cannot run on ``worker`` (:meth:`holds`) but can
+        on another rank in ``known``: a program there must move. (Where no rank takes it,
+        it stays: every engine would refuse it alike.)"""
+        return not self.holds(worker, tokens) and any(
+            self.holds(rank, tokens) for rank in self._known if rank != worker)
 
     @property
     def any_live(self) -> bool:

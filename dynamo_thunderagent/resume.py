@@ -137,6 +137,9 @@ class ResumePlanner:
                 while -heap[0][0] != room[heap[0][1]]:
                     heapq.heappop(heap)
                 worker = heap[0][1]
+                if not capacity.holds(worker, program.tokens):  # unequal engines: rare
+                    worker = max((w for w in room if capacity.holds(w, program.tokens)),
+                                 key=lambda w: (room[w], _neg(w)), default=worker)
                 if room[worker] < need and pays:
                     continue
                 if self.price_moves and home is not None and worker != home:
@@ -225,8 +228,10 @@ class ResumePlanner:
         for program in aged:
             need = self.need(program, capacity)
             worker = program.worker
-            if worker is None or worker not in known or need > left(worker):
-                worker = max(known, key=lambda w: (left(w) - table.usage(w), _neg(w)))
+            if (worker is None or worker not in known or need > left(worker)
+                    or capacity.outgrown(worker, program.tokens)):
+                ranks = [w for w in known if capacity.holds(w, program.tokens)] or known
+                worker = max(ranks, key=lambda w: (left(w) - table.usage(w), _neg(w)))
                 if need > left(worker):
                     break  # no rank can take it this pass, even with every program gone
             booked[worker] = booked.get(worker, 0.0) + need
@@ -243,19 +248,23 @@ class ResumePlanner:
             klass = _ACTING
         return (klass, program.tokens, program.seq)
 
-    def most_room(self, table: ProgramTable, capacity: Capacity,
-                  now: float) -> WorkerKey | None:
+    def most_room(self, table: ProgramTable, capacity: Capacity, now: float,
+                  prompt: int = 0) -> WorkerKey | None:
         """The rank with the most room by decayed usage, ties to the lower one (where an
-        overdue program is forced)."""
+        overdue program is forced), of those whose engine takes a ``prompt`` of that many
+        tokens where any does."""
         known = capacity.known
         if not known:
             return None
-        return max(known, key=lambda w: (known[w] - table.decayed_usage(w, now), _neg(w)))
+        ranks = [w for w in known if capacity.holds(w, prompt)] or known
+        return max(ranks, key=lambda w: (known[w] - table.decayed_usage(w, now), _neg(w)))
 
     # ---- placing a new turn ---------------------------------------------------------
-    def place(self, table: ProgramTable, capacity: Capacity,
-              need: float | None) -> WorkerKey | None:
-        """The rank where ``need`` fits under the threshold, least used (None: any rank)."""
+    def place(self, table: ProgramTable, capacity: Capacity, need: float | None,
+              prompt: int = 0) -> WorkerKey | None:
+        """The rank where ``need`` fits under the threshold, least used (None: any rank),
+        of those whose engine takes a ``prompt`` of that many tokens (a fleet of unequal
+        context lengths: :meth:`~dynamo_thunderagent.capacity.Capacity.holds`)."""
         # Runs on every new program's admission over every rank: keep it a tight loop
         # over precomputed usage (ranks are visited in key order, so the strict < keeps
         # the lowest worker/rank on equal usage).
@@ -264,8 +273,13 @@ class ResumePlanner:
         threshold = self.threshold
         usage_of = table.usage_by_rank.get
         busy_of = table.reasoning_tokens if self.least_busy else None
+        # Some engine may refuse it: skip those, unless every one would (then as before).
+        check = prompt > capacity.every_rank_holds and any(
+            capacity.holds(w, prompt) for w in capacity.known)
         for worker, cap in capacity.known.items():
             usage = usage_of(worker, 0.0)
+            if check and not capacity.holds(worker, prompt):
+                continue
             if need is None or usage + need <= cap * threshold:
                 # least_busy: of the ranks with room, the one with the fewest prompt tokens
                 # being served now (it starts the new turn soonest), then the least used.
@@ -276,11 +290,10 @@ class ResumePlanner:
 
 
 def _home(program: Program, capacity: Capacity) -> WorkerKey | None:
-    """``program``'s worker/rank where it can run there at all: a known rank whose whole
-    pool holds its tokens (:meth:`~dynamo_thunderagent.capacity.Capacity.holds`); else
-    None."""
+    """``program``'s worker/rank, unless it is not known or the program has outgrown it
+    (:meth:`~dynamo_thunderagent.capacity.Capacity.outgrown`): None."""
     home = program.worker
-    if home is None or home not in capacity.known or not capacity.holds(home, program.tokens):
+    if home is None or home not in capacity.known or capacity.outgrown(home, program.tokens):
         return None
     return home
 

@@ -339,10 +339,10 @@ class Scheduler:
         worker = program.worker
         outgrown = False
         if worker is not None and self.capacity.is_live(worker):
-            # A turn larger than its rank's whole pool never runs there (the engine refuses
-            # it): in a fleet of unequal pools it goes where a pool holds it, as a new
-            # program's turn would (no rank holds it: the router refused it before).
-            outgrown = not self.capacity.holds(worker, program.tokens)
+            # A turn larger than its rank's whole pool or context length never runs there
+            # (the engine refuses it): in a fleet of unequal pools or context lengths it
+            # goes where an engine takes it, as a new program's turn would.
+            outgrown = self.capacity.outgrown(worker, program.tokens)
             if not outgrown:
                 empty = self._empty_rank(program, worker)
                 if empty is not None:
@@ -364,9 +364,10 @@ class Scheduler:
         # its threshold goes to an empty rank rather than waiting for one that never comes.
         need = min(program.tokens + self.params.buffer_per_program,
                    self.capacity.largest_room * self.params.pause_threshold)
-        target = self.planner.place(self.table, self.capacity, need if pays else None)
+        target = self.planner.place(self.table, self.capacity, need if pays else None,
+                                    program.tokens)
         if target is None and self._reclaim_dormant(now, d, need):
-            target = self.planner.place(self.table, self.capacity, need)
+            target = self.planner.place(self.table, self.capacity, need, program.tokens)
         if target is None:
             self._pause(program, now, d)
             program.deferred_since = now
@@ -388,7 +389,8 @@ class Scheduler:
         return min((rank for rank, cap in known.items()
                     if rank != home and not table.member_count(rank)
                     and not capacity.reserved(rank)
-                    and need <= cap * self.params.pause_threshold), default=None)
+                    and need <= cap * self.params.pause_threshold
+                    and capacity.holds(rank, program.tokens)), default=None)
 
     def _release(self, program: Program, request: TrackedRequest, worker: WorkerKey | None,
                  now: float, d: Decisions, *, resumed: bool = False,
@@ -975,7 +977,7 @@ class Scheduler:
             if p.deferred_since is not None and now - p.deferred_since >= timeout
         ]
         for program in sorted(overdue, key=lambda p: (p.deferred_since or 0.0, p.seq)):
-            worker = self.planner.most_room(self.table, self.capacity, now)
+            worker = self.planner.most_room(self.table, self.capacity, now, program.tokens)
             self.counters["forced_resumes"] += 1
             d.forced.append(program.session_id)
             self._resume(program, worker, now, d, forced=True)

@@ -392,7 +392,10 @@ def _capacity_card(worker_id: str, raw: str | Mapping[str, Any]) -> dict[WorkerK
     if size > MAX_DP_RANKS:
         raise ValueError(f"runtime_config.data_parallel_size must be at most {MAX_DP_RANKS}, "
                          f"got {size}")
-    return {WorkerKey(wid, rank): CapacityCard(blocks, block_size)
+    # The engine's limit on a prompt (--max-model-len): 0 where none is stated, or read.
+    length = next((value for value in (runtime.get("context_length"), card.get("context_length"))
+                   if isinstance(value, int) and not isinstance(value, bool) and value > 0), 0)
+    return {WorkerKey(wid, rank): CapacityCard(blocks, block_size, length)
             for rank in range(start, start + size)}
 
 

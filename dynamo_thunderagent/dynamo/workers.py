@@ -84,8 +84,8 @@ class WorkerWatch:
         self._card_keys: frozenset[WorkerKey] = frozenset()
         # Workers whose card says they only prefill: left out of the live workers.
         self.prefill_only: frozenset[int] = frozenset()
-        # Each live rank's whole KV pool in tokens, as of the last commit.
-        self.pools: dict[WorkerKey, int] = {}
+        # Each live rank's capacity card, as of the last commit.
+        self.pools: dict[WorkerKey, CapacityCard] = {}
         # Workers serving under the workers' component/endpoint name in the router's own
         # namespace (``exposed_endpoint``): a frontend scoped to that namespace reaches them
         # directly, and their requests never see the program table.
@@ -170,15 +170,16 @@ class WorkerWatch:
             log.info("workers.changed", live=sorted(read.live),
                      ranks={str(k): v.tokens for k, v in sorted(read.cards.items())})
         self.live, self._card_keys = read.live, frozenset(read.cards)
-        self.pools = {key: card.tokens for key, card in read.cards.items()}
+        self.pools = dict(read.cards)
 
     def holding(self, candidates: list[WorkerLoad], tokens: int) -> list[WorkerLoad]:
-        """The ``candidates`` whose whole KV pool holds a prompt of ``tokens`` (a rank
-        without a known pool is kept): in a fleet of unequal pools, the least-loaded rank
-        may be one whose engine refuses the prompt. All of them where none holds it (the
-        engine says why)."""
+        """The ``candidates`` whose engine takes a prompt of ``tokens`` (its whole pool
+        holds it, within its context length; a rank without a known card is kept): in a
+        fleet of unequal pools or context lengths, the least-loaded rank may be one whose
+        engine refuses the prompt. All of them where none does (the engine says why)."""
         pools = self.pools
-        fit = [c for c in candidates if tokens <= pools.get(c.worker, tokens)]
+        fit = [c for c in candidates
+               if (card := pools.get(c.worker)) is None or card.holds(tokens)]
         return fit or candidates
 
     def check_exposed(self) -> None:

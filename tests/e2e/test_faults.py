@@ -714,45 +714,57 @@ def test_engine_refusals_and_oversize_prompts_get_clear_errors_and_book_nothing(
         settles(stack, "engine refusals")
 
 
-def test_programs_that_outgrow_a_small_workers_pool_carry_on_on_a_larger_one(
-        tmp_path: Path) -> None:
-    # A fleet of unequal pools (128 and 1,024 blocks of 16 tokens): four sessions whose
-    # prompts grow by about 800 tokens a turn to about 8,000. Before, a program placed on the
-    # small worker stayed pinned there once it outgrew its 2,048 tokens, and its engine
-    # refused every later turn ("request exceeds worker admission limits"): a wedged session
-    # (found by a probe; stock's KV router answered those turns with a 500).
-    stack = start_stack(tmp_path, num_gpu_blocks=128)
-    sizes = iter(["128", "1024"])
+# Per worker: KV blocks and the mocker's extra flags. "pools": 128 and 1,024 blocks (2,048
+# and 16,384 tokens); "context": 512 blocks each, the first engine limited to 2,048 tokens.
+UNEQUAL_WORKERS = {
+    "pools": [("128", []), ("1024", [])],
+    "context": [("512", ["--max-model-len", "2048"]), ("512", [])],
+}
+
+
+@pytest.mark.parametrize("unequal", sorted(UNEQUAL_WORKERS))
+def test_programs_that_outgrow_a_small_worker_carry_on_on_a_larger_one(
+        tmp_path: Path, unequal: str) -> None:
+    # Four sessions whose prompts grow by about 800 tokens a turn to about 8,000 ("pools")
+    # or 5,000 ("context"). Before, a program placed on the small worker stayed pinned there
+    # once it outgrew its 2,048 tokens, and its engine refused every later turn ("request
+    # exceeds worker admission limits"): a wedged session (found by a probe; stock's KV
+    # router answered those turns with a 500).
+    stack = start_stack(tmp_path)
+    workers = iter(UNEQUAL_WORKERS[unequal])
     mocker = stack._mocker_argv
 
-    def unequal(endpoint: str | None = None) -> list[str]:
+    def unequal_argv(endpoint: str | None = None) -> list[str]:
+        blocks, flags = next(workers)
         argv = mocker(endpoint)
-        argv[argv.index("--num-gpu-blocks-override") + 1] = next(sizes)
-        return argv
+        argv[argv.index("--num-gpu-blocks-override") + 1] = blocks
+        return [*argv, *flags]
 
-    stack._mocker_argv = unequal
+    stack._mocker_argv = unequal_argv
+    steps = 10 if unequal == "pools" else 6
     with stack:
-        state = wait_until_ready(stack, 2)
-        small = min(state["scheduler"]["ranks"],
-                    key=lambda r: state["scheduler"]["ranks"][r]["capacity_tokens"])
+        wait_until_ready(stack, 2)
+        small = str(sorted(stack.worker_instances().items())[0][1])
         with sync_client(stack) as client:
             prompts = {f"g{i}": "" for i in range(4)}
             placed_small = set()
-            for step in range(10):
+            for step in range(steps):
                 for session in prompts:
                     prompts[session] += f" step {step} " + " ".join(
                         f"{session}w{j}" for j in range(150))
                     reply = chat(client, [{"role": "user", "content": prompts[session]}],
                                  session=session)
                     assert reply.choices[0].finish_reason == "length", reply
-                    if step == 0 and programs(get_state(stack))[session]["worker"] == small:
+                    worker = programs(get_state(stack))[session]["worker"]
+                    if step == 0 and worker.startswith(f"{small}/"):
                         placed_small.add(session)
             assert placed_small, "no program started on the small worker"
             state = get_state(stack)
-            assert all(p["worker"] != small for p in programs(state).values())
+            assert not any(p["worker"].startswith(f"{small}/")
+                           for p in programs(state).values())
             assert state["scheduler"]["counters"]["outgrown_moves"] >= len(placed_small)
             assert state["router"]["errors"] == 0
-        settles(stack, "programs outgrowing a small worker")
+        settles(stack, f"programs outgrowing a small worker ({unequal})")
 
 
 # ---- an engine that refuses, fails or cuts one request ---------------------------------------

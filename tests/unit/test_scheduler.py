@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dynamo_thunderagent.capacity import CapacityCard
 from dynamo_thunderagent.program import Lifecycle, Phase, RequestState, WorkerKey
 from dynamo_thunderagent.scheduler import Reject, Release
 
@@ -659,3 +660,46 @@ def test_an_outgrown_program_whose_pause_saves_nothing_is_not_sent_home_either()
         h.advance(5)
         placed += h.tick().resumed
     assert placed and all(worker == W1 for _, worker in placed), placed
+
+
+def test_unequal_context_lengths_place_and_move_turns_where_an_engine_takes_them() -> None:
+    # Engines started with different --max-model-len: W0 takes prompts up to 1,000 tokens.
+    h = make()
+    h.scheduler.set_workers(frozenset({0, 1}), {
+        W0: CapacityCard(10_000, 1, context_length=1_000), W1: CapacityCard(10_000, 1)})
+    h.acting_on("busy", W1, 3_000)  # W0 is the less used
+    rid, d = h.turn("long", 1_500)  # a new program W0's engine would refuse
+    assert d.outcome(rid) == Release(rid, W1)
+    h.acting_on("short", W0, 800)
+    rid, d = h.turn("short", 1_200)  # outgrew W0's context length: moves
+    assert d.outcome(rid) == Release(rid, W1)
+    assert h.scheduler.counters["outgrown_moves"] == 1
+
+
+def test_a_turn_no_engine_takes_stays_home_for_its_engine_to_refuse() -> None:
+    h = make()
+    h.scheduler.set_workers(frozenset({0, 1}), {
+        W0: CapacityCard(10_000, 1, context_length=1_000),
+        W1: CapacityCard(10_000, 1, context_length=1_000)})
+    h.acting_on("long", W0, 900)
+    rid, d = h.turn("long", 1_200)  # beyond every engine's limit: a move buys nothing
+    assert d.outcome(rid) == Release(rid, W0)
+    assert h.scheduler.counters["outgrown_moves"] == 0 and h.scheduler.counters["moves"] == 0
+    rid, d = h.turn("new", 1_200)  # a new program: placed at once, never held for an engine
+    assert isinstance(d.outcome(rid), Release)
+
+
+def test_an_empty_rank_whose_engine_refuses_the_turn_is_not_left_for() -> None:
+    # leave_for_empty_rank sends a turn from a shared rank to one holding no program, only
+    # where that rank's engine takes it (found live: long turns sent to an empty rank with
+    # a shorter --max-model-len were refused there).
+    h = make(leave_for_empty_rank=True)
+    h.scheduler.set_workers(frozenset({0, 1}), {
+        W0: CapacityCard(10_000, 1, context_length=1_000), W1: CapacityCard(10_000, 1)})
+    h.acting_on("a", W1, 1_500)
+    h.acting_on("b", W1, 1_500)
+    rid, d = h.turn("a", 1_600)
+    assert d.outcome(rid) == Release(rid, W1) and h.scheduler.counters["empty_rank_moves"] == 0
+    h.acting_on("c", W1, 500)
+    rid, d = h.turn("c", 600)  # one W0's engine takes: it leaves for the empty rank
+    assert d.outcome(rid) == Release(rid, W0) and h.scheduler.counters["empty_rank_moves"] == 1

@@ -362,6 +362,20 @@ def test_capacity_cards_parse_json_cards_keyed_by_string_worker_ids() -> None:
     assert cards[WorkerKey(7, 0)].tokens == 4096
 
 
+def test_capacity_cards_carry_the_engines_context_length_where_one_is_stated() -> None:
+    # Dynamo 1.6.1's mocker with --max-model-len 1024 states it on the card and in its
+    # runtime config; without it, 0. A value that is no whole number states none (the
+    # card's capacity still counts).
+    with_limit = {**card(), "context_length": 1024}
+    with_limit["runtime_config"]["context_length"] = 1024
+    odd = {**card(), "context_length": "lots"}
+    cards = capacity_cards({"1": with_limit, "2": card(), "3": odd,
+                            "4": {**card(), "context_length": 2048}})
+    assert [cards[WorkerKey(w, 0)].context_length for w in (1, 2, 3, 4)] == [1024, 0, 0, 2048]
+    assert cards[WorkerKey(1, 0)].holds(1024) and not cards[WorkerKey(1, 0)].holds(1025)
+    assert cards[WorkerKey(2, 0)].holds(4096) and not cards[WorkerKey(2, 0)].holds(4097)
+
+
 def test_capacity_cards_give_each_data_parallel_rank_its_own_pool() -> None:
     cards = capacity_cards({"7": card(100, 16, dp_start=2, dp_size=3)})
     assert sorted(cards) == [WorkerKey(7, 2), WorkerKey(7, 3), WorkerKey(7, 4)]
