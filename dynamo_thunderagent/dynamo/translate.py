@@ -151,11 +151,12 @@ def engine_error(finish_reason: Any) -> str | None:
 
 
 # X-Dynamo-Session-ID (and the parent id) as the router accepts it: 1 to 256 printable
-# ASCII characters without spaces. Dynamo's frontend already drops empty, blank and
-# non-ASCII values (the request then arrives without a session); what reaches the
-# router beyond that is refused rather than kept as a program key of any size.
+# ASCII characters, spaces included (readable ids such as "user 42 task 7" are served, as
+# stock serves them). Dynamo's frontend already drops empty, blank and non-ASCII values
+# (the request then arrives without a session); what reaches the router beyond that (a
+# control character, an id of any size) is refused rather than kept as a program key.
 SESSION_ID_MAX_LENGTH = 256
-_SESSION_ID_CHARS = frozenset(chr(c) for c in range(0x21, 0x7F))
+_SESSION_ID_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F))
 
 
 class BadSessionHeader(ValueError):
@@ -166,12 +167,14 @@ def check_session_id(value: Any, header: str) -> str:
     """``value`` as a session id, or raise BadSessionHeader saying what is allowed."""
     text = str(value)
     allowed = (f"{header} must be 1 to {SESSION_ID_MAX_LENGTH} printable ASCII characters "
-               "without spaces (a UUID, say)")
+               "(a UUID, say)")
     if not text or len(text) > SESSION_ID_MAX_LENGTH:
         raise BadSessionHeader(f"{allowed}; got {len(text)} characters")
     bad = next((c for c in text if c not in _SESSION_ID_CHARS), None)
     if bad is not None:
         raise BadSessionHeader(f"{allowed}; got the character {bad!r}")
+    if not text.strip():
+        raise BadSessionHeader(f"{allowed}, not only spaces")
     return text
 
 

@@ -1032,6 +1032,9 @@ def test_session_headers_outside_the_accepted_syntax(tmp_path: Path) -> None:
             served = serving_worker(chat(client, [{"role": "user", "content": "x"}],
                                          session="ok-" + "a" * 253))
             assert served in stack.worker_instances().values()
+            # A readable id with spaces is a session like any (stock serves it too).
+            chat(client, [{"role": "user", "content": "x"}], session="user 42 task 7")
+            assert "user 42 task 7" in programs(get_state(stack))
         state = settles(stack, "bad session headers")
         assert state["router"]["rejected"] == 3
 
