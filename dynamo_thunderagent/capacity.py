@@ -16,7 +16,7 @@ whose tool has run for long is less likely to need its cache soon.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from dynamo_thunderagent.program import Phase, Program, WorkerKey
@@ -61,7 +61,7 @@ class Capacity:
         self._known: dict[WorkerKey, int] = {}
         self._largest = 0
         self._total = 0
-        self.every_rank_holds = 0
+        self._every_rank_holds = 0
         self._block_sizes: dict[WorkerKey, int] = {}
         self._reserved: dict[WorkerKey, int] = {}
         # The live workers whose cards list their ranks, and those ranks: a rank a live
@@ -87,8 +87,8 @@ class Capacity:
         self._largest = max(full.values(), default=0)
         self._total = sum(full.values())
         # The longest prompt every rank in ``known`` takes (fleets of unequal pools or
-        # context lengths: below it, no rank need be checked with :meth:`holds`).
-        self.every_rank_holds = min(
+        # context lengths: up to it, :meth:`taking` checks no rank).
+        self._every_rank_holds = min(
             (min(tokens, self._cards[key].context_length or tokens)
              for key, tokens in full.items()), default=0)
         self._block_sizes = {key: self._cards[key].block_size for key in full}
@@ -138,12 +138,20 @@ class Capacity:
         card = self._cards.get(worker)
         return card is None or card.holds(tokens)
 
+    def taking(self, tokens: int) -> Collection[WorkerKey]:
+        """The ranks in ``known`` whose engine takes a prompt of ``tokens`` (:meth:`holds`);
+        all of them where none does (every engine would refuse it alike: none is to be
+        preferred). Every rank, unchecked, up to the longest prompt all of them take."""
+        if tokens <= self._every_rank_holds:
+            return self._known.keys()
+        return frozenset(rank for rank in self._known
+                         if self.holds(rank, tokens)) or self._known.keys()
+
     def outgrown(self, worker: WorkerKey, tokens: int) -> bool:
-        """Whether a prompt of ``tokens`` cannot run on ``worker`` (:meth:`holds`) but can
-        on another rank in ``known``: a program there must move. (Where no rank takes it,
-        it stays: every engine would refuse it alike.)"""
-        return not self.holds(worker, tokens) and any(
-            self.holds(rank, tokens) for rank in self._known if rank != worker)
+        """Whether a prompt of ``tokens`` cannot run on ``worker``, a rank in ``known``,
+        but can on another (:meth:`taking`): a program there must move. (Where no rank
+        takes it, it stays: every engine would refuse it alike.)"""
+        return worker in self._known and worker not in self.taking(tokens)
 
     @property
     def any_live(self) -> bool:

@@ -137,9 +137,9 @@ class ResumePlanner:
                 while -heap[0][0] != room[heap[0][1]]:
                     heapq.heappop(heap)
                 worker = heap[0][1]
-                if not capacity.holds(worker, program.tokens):  # unequal engines: rare
-                    worker = max((w for w in room if capacity.holds(w, program.tokens)),
-                                 key=lambda w: (room[w], _neg(w)), default=worker)
+                taking = capacity.taking(program.tokens)
+                if worker not in taking:  # unequal engines: rare
+                    worker = max(taking, key=lambda w: (room[w], _neg(w)))
                 if room[worker] < need and pays:
                     continue
                 if self.price_moves and home is not None and worker != home:
@@ -230,8 +230,8 @@ class ResumePlanner:
             worker = program.worker
             if (worker is None or worker not in known or need > left(worker)
                     or capacity.outgrown(worker, program.tokens)):
-                ranks = [w for w in known if capacity.holds(w, program.tokens)] or known
-                worker = max(ranks, key=lambda w: (left(w) - table.usage(w), _neg(w)))
+                worker = max(capacity.taking(program.tokens),
+                             key=lambda w: (left(w) - table.usage(w), _neg(w)))
                 if need > left(worker):
                     break  # no rank can take it this pass, even with every program gone
             booked[worker] = booked.get(worker, 0.0) + need
@@ -256,8 +256,8 @@ class ResumePlanner:
         known = capacity.known
         if not known:
             return None
-        ranks = [w for w in known if capacity.holds(w, prompt)] or known
-        return max(ranks, key=lambda w: (known[w] - table.decayed_usage(w, now), _neg(w)))
+        return max(capacity.taking(prompt),
+                   key=lambda w: (known[w] - table.decayed_usage(w, now), _neg(w)))
 
     # ---- placing a new turn ---------------------------------------------------------
     def place(self, table: ProgramTable, capacity: Capacity, need: float | None,
@@ -273,13 +273,11 @@ class ResumePlanner:
         threshold = self.threshold
         usage_of = table.usage_by_rank.get
         busy_of = table.reasoning_tokens if self.least_busy else None
-        # Some engine may refuse it: skip those, unless every one would (then as before).
-        check = prompt > capacity.every_rank_holds and any(
-            capacity.holds(w, prompt) for w in capacity.known)
+        taking = capacity.taking(prompt)  # skip ranks whose engine would refuse it
         for worker, cap in capacity.known.items():
-            usage = usage_of(worker, 0.0)
-            if check and not capacity.holds(worker, prompt):
+            if worker not in taking:
                 continue
+            usage = usage_of(worker, 0.0)
             if need is None or usage + need <= cap * threshold:
                 # least_busy: of the ranks with room, the one with the fewest prompt tokens
                 # being served now (it starts the new turn soonest), then the least used.
