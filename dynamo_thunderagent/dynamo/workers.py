@@ -18,6 +18,7 @@ refresh_workers``) and hands it to the classifier. It comes from three places:
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,10 +82,9 @@ class WorkerWatch:
         # Live workers whose model card could not be read, with why: their capacity is
         # unknown (GET /state ``unreadable_cards``; logged when the set changes).
         self.unreadable_cards: dict[str, str] = {}
-        self._card_keys: frozenset[WorkerKey] = frozenset()
         # Workers whose card says they only prefill: left out of the live workers.
         self.prefill_only: frozenset[int] = frozenset()
-        # Each live rank's capacity card, as of the last commit.
+        # Each live rank's capacity card, as of the last commit (the view /state shows).
         self.pools: dict[WorkerKey, CapacityCard] = {}
         # Workers serving under the workers' component/endpoint name in the router's own
         # namespace (``exposed_endpoint``): a frontend scoped to that namespace reaches them
@@ -135,7 +135,10 @@ class WorkerWatch:
         """Read liveness and the capacity cards (a card that cannot be read is left out,
         named in ``unreadable_cards`` and logged when that changes). The view changes only
         at :meth:`commit`, once the scheduler has been told."""
-        model_cards = self.cards.get_model_cards() if self.cards else {}
+        # Each card parsed once for the readers below; one that is not JSON stays text, and
+        # capacity_cards says why it cannot be read.
+        model_cards = {worker_id: _parsed(raw) for worker_id, raw in
+                       (self.cards.get_model_cards() if self.cards else {}).items()}
         self._note_prefill_only(prefill_only_workers(model_cards))
         live = self.live_ids()
         self.stated_block_sizes = card_block_sizes(model_cards)
@@ -152,7 +155,7 @@ class WorkerWatch:
                                 effect="this worker's KV capacity is unknown until its "
                                        "card reads")
             self.unreadable_cards = unreadable
-        changed = live != self.live or frozenset(cards) != self._card_keys
+        changed = live != self.live or cards.keys() != self.pools.keys()
         return WorkersRead(live, cards, changed)
 
     def _note_prefill_only(self, found: frozenset[int]) -> None:
@@ -169,8 +172,7 @@ class WorkerWatch:
         if read.changed:
             log.info("workers.changed", live=sorted(read.live),
                      ranks={str(k): v.tokens for k, v in sorted(read.cards.items())})
-        self.live, self._card_keys = read.live, frozenset(read.cards)
-        self.pools = dict(read.cards)
+        self.live, self.pools = read.live, dict(read.cards)
 
     def holding(self, candidates: list[WorkerLoad], tokens: int) -> list[WorkerLoad]:
         """The ``candidates`` whose engine takes a prompt of ``tokens`` (its whole pool
@@ -208,6 +210,17 @@ class WorkerWatch:
             "exposed_workers": sorted(self.exposed_ids),
             "exposed_endpoint": self.exposed_endpoint,
         }
+
+
+def _parsed(raw: Any) -> Any:
+    """A model card as the discovery store holds it (JSON text), parsed; text that is not
+    JSON is returned as it is."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
 
 
 def _live_id(worker_id: str, live: frozenset[int]) -> bool:
