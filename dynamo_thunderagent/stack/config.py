@@ -21,6 +21,9 @@ class StackConfig:
     block_size: int = 16
     speedup_ratio: float = 10.0
     mocker_args: list[str] = field(default_factory=list)
+    # Worker i's own extra mocker flags, after mocker_args (a flag given again wins): a fleet
+    # of unequal workers. Workers past the list get none.
+    worker_args: list[list[str]] = field(default_factory=list)
     frontend_args: list[str] = field(default_factory=list)
     # builtin and ours: the router-policy YAML. None: for builtin, BUILTIN_POLICY_YAML written
     # into the run dir; for ours, the project's policies/thunderagent-extended.yaml.
@@ -53,6 +56,9 @@ class StackConfig:
                              f"got {self.discovery!r}")
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        if len(self.worker_args) > self.num_workers:
+            raise ValueError(f"worker_args lists {len(self.worker_args)} workers, more than "
+                             f"num_workers ({self.num_workers})")
         if self.num_gpu_blocks < 1 or self.block_size < 1:
             raise ValueError("num_gpu_blocks and block_size must be >= 1")
         if self.speedup_ratio <= 0:

@@ -263,7 +263,7 @@ class LocalStack:
             self._spawn(
                 f"worker-{index}",
                 "worker",
-                self._mocker_argv(),
+                self._mocker_argv(index=index),
                 env,
                 system_port=free_system_port(),
             )
@@ -337,7 +337,7 @@ class LocalStack:
         old = self.workers[index]
         end(old, signal.SIGKILL, self.config.stop_grace_s)
         position = self.processes.index(old)
-        new = self._spawn(old.name, "worker", self._mocker_argv(), self._env,
+        new = self._spawn(old.name, "worker", self._mocker_argv(index=index), self._env,
                           system_port=free_system_port())
         self.processes.remove(new)
         self.processes[position] = new  # keep worker indices stable
@@ -472,8 +472,10 @@ class LocalStack:
 
     # ----- internals ---------------------------------------------------------------------
 
-    def _mocker_argv(self, endpoint: str | None = None) -> list[str]:
+    def _mocker_argv(self, endpoint: str | None = None, index: int | None = None) -> list[str]:
+        """A mocker's command line; ``index``: worker ``index``'s, its ``worker_args`` last."""
         cfg = self.config
+        own = cfg.worker_args[index] if index is not None and index < len(cfg.worker_args) else []
         return [
             cfg.python, "-m", "dynamo.mocker",
             "--model-path", str(self.model_path),
@@ -483,6 +485,7 @@ class LocalStack:
             "--block-size", str(cfg.block_size),
             "--speedup-ratio", str(cfg.speedup_ratio),
             *cfg.mocker_args,
+            *own,
         ]  # fmt: skip
 
     def _frontend_argv(self) -> list[str]:

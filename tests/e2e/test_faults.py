@@ -714,11 +714,12 @@ def test_engine_refusals_and_oversize_prompts_get_clear_errors_and_book_nothing(
         settles(stack, "engine refusals")
 
 
-# Per worker: KV blocks and the mocker's extra flags. "pools": 128 and 1,024 blocks (2,048
-# and 16,384 tokens); "context": 512 blocks each, the first engine limited to 2,048 tokens.
+# Each worker's own mocker flags. "pools": 128 and 1,024 blocks (2,048 and 16,384 tokens);
+# "context": 512 blocks each, the first engine limited to 2,048 tokens.
 UNEQUAL_WORKERS = {
-    "pools": [("128", []), ("1024", [])],
-    "context": [("512", ["--max-model-len", "2048"]), ("512", [])],
+    "pools": [["--num-gpu-blocks-override", "128"], ["--num-gpu-blocks-override", "1024"]],
+    "context": [["--num-gpu-blocks-override", "512", "--max-model-len", "2048"],
+                ["--num-gpu-blocks-override", "512"]],
 }
 
 
@@ -730,17 +731,7 @@ def test_programs_that_outgrow_a_small_worker_carry_on_on_a_larger_one(
     # once it outgrew its 2,048 tokens, and its engine refused every later turn ("request
     # exceeds worker admission limits"): a wedged session (found by a probe; stock's KV
     # router answered those turns with a 500).
-    stack = start_stack(tmp_path)
-    workers = iter(UNEQUAL_WORKERS[unequal])
-    mocker = stack._mocker_argv
-
-    def unequal_argv(endpoint: str | None = None) -> list[str]:
-        blocks, flags = next(workers)
-        argv = mocker(endpoint)
-        argv[argv.index("--num-gpu-blocks-override") + 1] = blocks
-        return [*argv, *flags]
-
-    stack._mocker_argv = unequal_argv
+    stack = start_stack(tmp_path, worker_args=UNEQUAL_WORKERS[unequal])
     steps = 10 if unequal == "pools" else 6
     with stack:
         wait_until_ready(stack, 2)

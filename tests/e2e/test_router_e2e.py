@@ -400,7 +400,7 @@ def test_the_workers_parsers_template_and_context_length_reach_the_frontend_via_
                     "--endpoint", stack.worker_endpoint, "--blocks", "256", "--block-size", "16",
                     "--tool-call-parser", "hermes", "--context-length", "2048",
                     "--custom-jinja-template", str(template)]
-    stack._mocker_argv = lambda endpoint=None: fault_engine  # its one worker
+    stack._mocker_argv = lambda endpoint=None, index=None: fault_engine  # its one worker
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "the weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -434,11 +434,8 @@ def test_a_disaggregated_deployments_prefill_worker_is_never_sent_a_request(
     # where stock's frontend prefilled there and decoded on the decode worker. The router
     # leaves prefill-only workers out; the decode worker serves everything.
     stack = _stack(tmp_path / "run", REPO_ROOT / "policies" / "thunderagent-extended.yaml",
-                   speedup_ratio=10.0)
-    modes = iter(["prefill", "decode"])
-    mocker = stack._mocker_argv
-    stack._mocker_argv = lambda endpoint=None: [*mocker(endpoint), "--disaggregation-mode",
-                                                next(modes)]
+                   speedup_ratio=10.0, worker_args=[["--disaggregation-mode", "prefill"],
+                                                    ["--disaggregation-mode", "decode"]])
     with stack, _sync_client(stack) as client:
         state = wait_for_state(stack, lambda s: len(s["prefill_only_workers"]) == 1
                                and len(s["live_workers"]) == 1, "the prefill worker's card")

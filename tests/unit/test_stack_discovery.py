@@ -174,3 +174,14 @@ def test_worker_registrations_are_read_from_the_file_store_by_system_port(
     by_port: dict[int | None, int] = {20001: 0, 20002: 1, 20003: 2}
     assert worker_instances(cards, "ta-workers", by_port) == {0: 11, 1: 12}
     assert model_cards(None, tmp_path / "nothing") == []
+
+
+def test_each_worker_gets_its_own_flags_after_the_shared_ones(tmp_path: Path) -> None:
+    # A fleet of unequal workers (the fault suite's unequal pools, a disaggregated pair).
+    stack = LocalStack(StackConfig(run_dir=tmp_path, mocker_args=["--speedup-ratio", "2"],
+                                   worker_args=[["--num-gpu-blocks-override", "1024"]]))
+    first, second = stack._mocker_argv(index=0), stack._mocker_argv(index=1)
+    assert first[-4:] == ["--speedup-ratio", "2", "--num-gpu-blocks-override", "1024"]
+    assert second[-2:] == ["--speedup-ratio", "2"]  # past the list: the shared flags only
+    with pytest.raises(ValueError, match="worker_args lists 3 workers, more than num_workers"):
+        StackConfig(worker_args=[[], [], []]).validate()
