@@ -758,6 +758,28 @@ def test_programs_that_outgrow_a_small_worker_carry_on_on_a_larger_one(
         settles(stack, f"programs outgrowing a small worker ({unequal})")
 
 
+def test_a_deployment_whose_only_worker_prefills_answers_with_an_error_not_one_token(
+        tmp_path: Path) -> None:
+    # The router sends a prefill-only worker nothing (it would answer with the first token
+    # alone); with no other worker, a request gets an error that says why, whether or not
+    # it has a session, and a decode-capable worker that joins serves the next ones.
+    import openai
+
+    with start_stack(tmp_path, num_workers=1,
+                     worker_args=[["--disaggregation-mode", "prefill"]]) as stack:
+        wait_for_state(stack, lambda s: len(s["prefill_only_workers"]) == 1,
+                       "the prefill worker's card")
+        with sync_client(stack, timeout=30) as client:
+            for session in (None, "waits-for-a-decoder"):
+                with pytest.raises(openai.InternalServerError):
+                    chat(client, [{"role": "user", "content": "hi"}], session=session)
+        router_log = stack.router.log_path.read_text(errors="replace")
+        assert "no live worker that decodes serves this model" in router_log
+        stack.start_worker_command("aggregated", stack._mocker_argv())
+        wait_until_ready(stack, 1)
+        settles(stack, "a prefill-only worker alone")
+
+
 # ---- an engine that refuses, fails or cuts one request ---------------------------------------
 def start_fault_worker(stack: Any) -> int:
     """Add a worker whose engine fails requests on demand (``fault_engine.py``, a real Dynamo
