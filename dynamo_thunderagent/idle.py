@@ -24,6 +24,7 @@ time-driven; the scheduler asks when it needs an answer, with ``now`` passed in.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,10 +42,24 @@ GAP_QUANTILE = 0.9
 # expected back. The counts are halved past _EVIDENCE_CAP so they follow the
 # current traffic rather than all of it.
 MIN_EVIDENCE = 8
-# Weight of the newest gap in a program's smoothed gap (Program.gap_ewma).
+# Weight of the newest gap in a program's smoothed gap (Program.gap_ewma), which is smoothed
+# in log space (a geometric mean): one long tool (a build, a test suite, a person) among
+# short ones moves it by a factor, not by its size, so the short gaps that follow are still
+# expected short (acting_yield_factor, acting_hold_factor).
 GAP_SMOOTHING = 0.3
+# Gaps shorter than this count as this much (the log of a gap of 0 is not a number).
+GAP_FLOOR_SECONDS = 1e-3
 MIN_RETURN_RATE = 0.2
 _EVIDENCE_CAP = 256
+
+
+def smoothed_gap(previous: float, gap: float) -> float:
+    """A program's smoothed gap after one more ``gap`` (``previous`` 0: its first): the
+    geometric mean of its gaps, the newest weighted by ``GAP_SMOOTHING``."""
+    gap = max(gap, GAP_FLOOR_SECONDS)
+    if previous <= 0.0:
+        return gap
+    return math.exp((1 - GAP_SMOOTHING) * math.log(previous) + GAP_SMOOTHING * math.log(gap))
 
 
 @dataclass
@@ -191,8 +206,7 @@ class IdlePrograms:
         gap = max(0.0, now - program.last_active)
         self.evidence.observe_gap(gap)
         program.max_gap = max(program.max_gap, gap, 1e-9)
-        program.gap_ewma = max(1e-9, gap if program.gap_ewma == 0.0 else
-                               (1 - GAP_SMOOTHING) * program.gap_ewma + GAP_SMOOTHING * gap)
+        program.gap_ewma = smoothed_gap(program.gap_ewma, gap)
 
     def forget(self, session_id: str) -> None:
         """The program left the table."""

@@ -220,16 +220,18 @@ class ThunderAgentParameters(StrictModel):
     paused program's KV, nobody is paused and the hold changes little). None: off
     (parity); 0 hold until the engine's prefill cost and a capacity are known."""
     acting_yield_factor: float | None = Field(None, gt=0.0, le=100.0)
-    """Do no harm where re-prefill is cheap: at its tool boundary, a program expected back
-    later than this many times the time the engine takes to prefill a worker/rank's whole
-    KV pool, times the turns running per worker/rank (twice its smoothed gap between turns
-    past it; the pool priced as for ``acting_hold_factor``) *yields* its room: while its
-    tool runs it is charged nothing (only ``buffer_per_program``), is never paused, and its
-    next turn is admitted where it ran, as plain KV routing would (the engine may evict
-    its KV meanwhile). Holding room for a program costs the turns that room could run over
-    its whole gap, and saves one re-prefill of its context, which holds up every turn
-    running beside it; the first outgrows the second once the gap passes the pool's
-    re-prefill time times that batch, whatever the program's size. Programs with no gap history
+    """Do no harm where holding room costs more than a re-prefill: at its tool boundary, a
+    program expected back later than this many times the time the engine takes to prefill
+    a worker/rank's whole KV pool (twice its smoothed gap between turns past it, the gaps'
+    geometric mean, so one long tool among short ones does not count as a habit; the pool
+    priced as for ``acting_hold_factor``) *yields* its room: while its tool runs it is
+    charged nothing (only ``buffer_per_program``), is never paused, and its next turn is
+    admitted where it ran, as plain KV routing would (the engine may evict its KV
+    meanwhile). Holding a program's room over its gap costs the turns that room could run
+    meanwhile, its share of the running batch (its tokens over the pool's); it saves one
+    re-prefill of its context, which holds up that whole batch: the first outgrows the
+    second once the gap passes the pool's re-prefill time, whatever the program's size
+    and the batch. Programs with no gap history
     yet, programs whose next request is already queued, and every program until the
     engine's prefill cost and a capacity are known, are charged as without it; a program
     marked for pause that yields is not paused, and no idle program that yielded is. A

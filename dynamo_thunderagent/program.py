@@ -165,7 +165,8 @@ class Program:
     # The longest time between the end of one of its turns and the arrival of the next
     # (0: it has not come back after a turn yet); see dynamo_thunderagent.idle.
     max_gap: float = 0.0
-    # Those gaps smoothed (0: not back yet): how soon it is expected back from a tool.
+    # Those gaps smoothed, a geometric mean (0: not back yet; idle.smoothed_gap): how soon
+    # it is expected back from a tool.
     gap_ewma: float = 0.0
     # Gave its room back at its tool boundary (acting_yield_factor): charged nothing
     # while ACTING. Set when it turns ACTING, cleared when its next turn starts.

@@ -109,8 +109,7 @@ class Scheduler:
         # Requests without a session id running now, and their prompt tokens per rank
         # (``sessionless_kv``); at most max_tracked_requests of them are followed.
         self.sessionless = SessionlessTraffic()
-        # acting_yield_factor's horizon for a batch of one, in seconds (None: off or not
-        # measured; _set_hold); yield_horizon scales it by the running batch.
+        # acting_yield_factor's horizon in seconds (None: off or not measured; _set_hold).
         self.yield_seconds: float | None = None
         # PAUSED programs whose turn waits for room: the only programs that hold a new
         # program back, and the resume candidates when idle horizons are on.
@@ -879,9 +878,9 @@ class Scheduler:
 
     def _set_hold(self) -> None:
         """The hold of ``acting_hold_factor`` and the yield horizon of
-        ``acting_yield_factor`` for a batch of one: that many times the time the engine
-        takes to re-prefill a mean worker/rank's whole pool (the hold 0, the horizon None,
-        until the cost is measured)."""
+        ``acting_yield_factor``: that many times the time the engine takes to re-prefill a
+        mean worker/rank's whole pool (the hold 0, the horizon None, until the cost is
+        measured)."""
         hold, yield_ = self.params.acting_hold_factor, self.params.acting_yield_factor
         known = self.capacity.known
         refill = (self.costs.stall_seconds(round(self.capacity.total / len(known)), 1.0)
@@ -892,10 +891,10 @@ class Scheduler:
     @property
     def yield_horizon(self) -> float | None:
         """``acting_yield_factor``'s horizon now: the time the engine takes to re-prefill a
-        mean pool, times the turns running per rank (a re-prefill holds them all up, so
-        keeping the room saves that much; None: off or not measured)."""
-        base = self.yield_seconds
-        return None if base is None else base * max(1.0, self.batch)
+        mean pool, times the factor (None: off or not measured). The turns running per rank
+        weigh on both sides of the trade (a re-prefill holds them all up; the room a
+        program keeps would run its share of them), so they do not move it."""
+        return self.yield_seconds
 
     def _yields(self, program: Program) -> bool:
         """Whether ``program``, now at its tool boundary, is expected back later than the

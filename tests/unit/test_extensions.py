@@ -574,18 +574,38 @@ def test_a_program_expected_back_within_the_horizon_keeps_its_room() -> None:
     assert h.scheduler.counters["yields"] == 0
 
 
-def test_the_yield_horizon_grows_with_the_turns_a_re_prefill_would_hold_up() -> None:
-    # Keeping a program's room saves its re-prefill, and a re-prefill holds up every turn
-    # running on the rank: with two turns running the horizon is twice the pool's 20 s.
+def test_the_yield_horizon_does_not_move_with_the_turns_running() -> None:
+    # A re-prefill holds up every turn running on the rank, and the room a program keeps
+    # would have run its share of those same turns: the batch weighs on both sides of the
+    # trade, so with two turns running the horizon is still the pool's 20 s (it was 40 s,
+    # and a program whose tools ran 15 s kept room that would have run others' turns).
     h = _yield_harness(1.0)
     for session in ("a", "b"):
         rid, d = h.turn(session, 10)
         assert isinstance(d.outcome(rid), Release)
         h.scheduler.sent(rid, W0, h.now)
-    assert h.scheduler.snapshot(h.now)["acting_yield_seconds"] == 40.0
-    _back_from_a_tool(h, "slow", gap=15.0, tokens=900)  # twice 15 s: past 20 s, not 40 s
-    assert not h.program("slow").yielded
-    assert h.scheduler.table.usage(W0) >= 900
+    assert h.scheduler.snapshot(h.now)["acting_yield_seconds"] == 20.0
+    _back_from_a_tool(h, "slow", gap=15.0, tokens=900)  # twice 15 s is past 20 s
+    assert h.program("slow").yielded
+    assert h.scheduler.table.usage(W0) == 20  # the two running turns only
+
+
+def test_one_long_tool_among_short_ones_does_not_make_a_program_yield_at_the_next() -> None:
+    # A coding agent whose tools return in a second runs a test suite now and then. Its
+    # smoothed gap is a geometric mean: after one 100 s gap among 1 s ones it is about
+    # 4 s, so at the next short tool it keeps its room (an arithmetic mean, about 31 s,
+    # made it yield at every tool boundary for several turns after each long one).
+    h = _yield_harness(1.0)
+    h.acting_on("coder", W0, 100)
+    for gap in (1.0, 1.0, 1.0, 100.0):
+        h.advance(gap)
+        rid, d = h.turn("coder", 100)
+        assert isinstance(d.outcome(rid), Release)
+        h.scheduler.sent(rid, W0, h.now)
+        h.complete(rid, 100)
+    assert h.program("coder").gap_ewma < 5.0
+    assert not h.program("coder").yielded
+    assert h.scheduler.table.usage(W0) == 100
 
 
 def test_no_program_yields_before_it_has_a_gap_or_the_engine_is_measured() -> None:
@@ -632,7 +652,9 @@ def test_a_program_that_yields_at_a_failed_turn_expects_nothing_kept() -> None:
     h = _yield_harness(1.0)
     _back_from_a_tool(h, "slow", gap=2.0, tokens=900)  # short tools: it keeps its room
     assert h.program("slow").resident_prompt_tokens == 900
-    h.advance(60.0)  # a long tool this time: expected back past the horizon
+    # A long tool this time (smoothed with the 2 s one, a geometric mean of about 13 s):
+    # expected back past the horizon.
+    h.advance(600.0)
     rid, _ = h.turn("slow", 950)
     h.scheduler.sent(rid, W0, h.now)
     h.abort(rid)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from dynamo_thunderagent.idle import MIN_EVIDENCE, ReturnEvidence, idle_horizon
 from dynamo_thunderagent.program import Lifecycle, Phase, Program
 from dynamo_thunderagent.scheduler import Reject, Release
@@ -189,5 +191,16 @@ def test_a_programs_gaps_are_smoothed_newest_weighted_by_gap_smoothing() -> None
     for gap in (2.0, 4.0):
         h.advance(gap)
         h.acting_on("a", W0, 100)
-    assert h.program("a").gap_ewma == (1 - GAP_SMOOTHING) * 2.0 + GAP_SMOOTHING * 4.0
+    # In log space: a geometric mean, so a long gap moves it by a factor, not by its size.
+    assert h.program("a").gap_ewma == pytest.approx(2.0 ** (1 - GAP_SMOOTHING)
+                                                    * 4.0 ** GAP_SMOOTHING)
     assert h.program("a").max_gap == 4.0
+
+
+def test_a_gap_of_zero_counts_as_the_floor_and_leaves_the_smoothed_gap_a_number() -> None:
+    from dynamo_thunderagent.idle import GAP_FLOOR_SECONDS, smoothed_gap
+
+    assert smoothed_gap(0.0, 0.0) == GAP_FLOOR_SECONDS  # the first gap, back at once
+    after = smoothed_gap(GAP_FLOOR_SECONDS, 10.0)
+    assert GAP_FLOOR_SECONDS < after < 10.0
+    assert smoothed_gap(after, 0.0) < after
