@@ -68,6 +68,9 @@ def snapshot(table: ProgramTable, capacity: Capacity, idle: IdlePrograms,
             "in_flight": p.current, "waiting": len(p.waiting),
             "pauses": p.pauses, "resumes": p.resumes, "moves": p.moves,
             "yielded": p.yielded,
+            # Its smoothed gap between turns (null: not back after a turn yet): twice it past
+            # acting_yield_seconds, it yields at its tool boundary.
+            "gap_seconds": p.gap_ewma or None,
         }
         for p in table.programs.values()
     }

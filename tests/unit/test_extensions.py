@@ -587,6 +587,10 @@ def test_the_yield_horizon_does_not_move_with_the_turns_running() -> None:
     assert h.scheduler.snapshot(h.now)["acting_yield_seconds"] == 20.0
     _back_from_a_tool(h, "slow", gap=15.0, tokens=900)  # twice 15 s is past 20 s
     assert h.program("slow").yielded
+    # /state shows why: its smoothed gap beside the horizon (null for one not back yet).
+    shown = h.scheduler.snapshot(h.now)["programs"]
+    assert shown["slow"]["yielded"] and shown["slow"]["gap_seconds"] == 15.0
+    assert shown["a"]["gap_seconds"] is None
     assert h.scheduler.table.usage(W0) == 20  # the two running turns only
 
 
