@@ -39,6 +39,8 @@ from typing import Any
 
 import structlog
 
+from dynamo_thunderagent.dynamo.translate import card_context_length
+
 log = structlog.get_logger("dynamo_thunderagent.serve")
 
 WAIT_SECONDS = 30.0
@@ -85,8 +87,7 @@ def card_settings(raw: str | Mapping[str, Any]) -> CardSettings | None:
         tool_call_parser=_name(runtime.get("tool_call_parser")),
         reasoning_parser=_name(runtime.get("reasoning_parser")),
         exclude_tools_when_tool_choice_none=exclude if isinstance(exclude, bool) else True,
-        context_length=(_length(runtime.get("context_length"))
-                        or _length(card.get("context_length"))),
+        context_length=card_context_length(card, runtime),
         chat_template=checksum, chat_template_url=url,
     )
 
@@ -106,12 +107,6 @@ def _custom_template(entry: Any) -> tuple[str | None, str | None]:
 
 def _name(value: Any) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
-
-
-def _length(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return None
 
 
 def stated(model_cards: Mapping[str, str | Mapping[str, Any]]) -> list[CardSettings]:

@@ -395,11 +395,19 @@ def _capacity_card(worker_id: str, raw: str | Mapping[str, Any]) -> dict[WorkerK
     if size > MAX_DP_RANKS:
         raise ValueError(f"runtime_config.data_parallel_size must be at most {MAX_DP_RANKS}, "
                          f"got {size}")
-    # The engine's limit on a prompt (--max-model-len): 0 where none is stated, or read.
-    length = next((value for value in (runtime.get("context_length"), card.get("context_length"))
-                   if isinstance(value, int) and not isinstance(value, bool) and value > 0), 0)
+    length = card_context_length(card, runtime) or 0
     return {WorkerKey(wid, rank): CapacityCard(blocks, block_size, length)
             for rank in range(start, start + size)}
+
+
+def card_context_length(card: Mapping[str, Any], runtime: Mapping[str, Any]) -> int | None:
+    """The engine's limit on a prompt (``--max-model-len``) a model card states: its
+    ``runtime_config``'s ``context_length``, else the card's own; None where neither is a
+    positive whole number."""
+    for value in (runtime.get("context_length"), card.get("context_length")):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def _whole(value: Any, name: str) -> int:
