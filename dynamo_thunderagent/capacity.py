@@ -212,8 +212,9 @@ class UsageModel:
     def weight(self, program: Program, now: float | None = None) -> float:
         """Weight of the program's tokens: 1 while REASONING, the ACTING weight while a
         tool runs, decayed by its idle time when ``now`` is given. A program expected back
-        within the hold (twice its smoothed gap) decays only once the hold is over; one
-        that yielded its room at its tool boundary weighs nothing."""
+        within the hold (twice its smoothed gap) and never away longer than the hold (its
+        longest gap) decays only once the hold is over; one that yielded its room at its
+        tool boundary weighs nothing."""
         if program.phase is Phase.REASONING:
             return 1.0
         if program.yielded:
@@ -222,7 +223,7 @@ class UsageModel:
             return self.acting_token_weight
         idle = max(0.0, now - program.acting_since)
         hold = self.hold_seconds
-        if hold > 0.0 and program.expected_back_within(hold):
+        if hold > 0.0 and program.expected_back_within(hold) and program.max_gap <= hold:
             idle = max(0.0, idle - hold)
         return self.acting_token_weight * float(2.0 ** (-idle / self.acting_decay_tau_seconds))
 

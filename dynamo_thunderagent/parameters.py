@@ -214,11 +214,13 @@ class ThunderAgentParameters(StrictModel):
     (measured: prefill time per token x the mean rank capacity). Evicting its KV costs a
     re-prefill when it returns; the room its KV holds is worth about that much engine
     time over the hold, so a program expected back within it (twice its smoothed gap
-    within the hold) keeps its room, and the others give room back at once, as without
-    it. Where re-prefill is cheap the hold is short and nothing changes. The hold is
-    priced at a full re-prefill even with ``host_kv_blocks`` (where the tier keeps a
-    paused program's KV, nobody is paused and the hold changes little). None: off
-    (parity); 0 hold until the engine's prefill cost and a capacity are known."""
+    within the hold) and never away longer than it (its longest gap within the hold too)
+    keeps its room, and the others give room back at once, as without it: one long wait
+    (a build, a person, its own subagents) says the next may be long as well, which a
+    smoothed gap soon forgets. Where re-prefill is cheap the hold is short and nothing
+    changes. The hold is priced at a full re-prefill even with ``host_kv_blocks`` (where
+    the tier keeps a paused program's KV, nobody is paused and the hold changes little).
+    None: off (parity); 0 hold until the engine's prefill cost and a capacity are known."""
     acting_yield_factor: float | None = Field(None, gt=0.0, le=100.0)
     """Do no harm where holding room costs more than a re-prefill: at its tool boundary, a
     program expected back later than this many times the time the engine takes to prefill

@@ -520,6 +520,32 @@ def test_the_hold_covers_a_program_whose_doubled_gap_just_fits_and_leaves_plain_
     assert h.scheduler.table.decayed_usage(W0, h.now) == 900 * 2.0 ** -5
 
 
+def test_a_program_once_away_longer_than_the_hold_is_not_held_again() -> None:
+    """The hold is for programs whose every gap so far fitted it. One that was away longer
+    once (a build, a person, its own subagents) may be again at any tool: it gives its room
+    back as without the hold, though its smoothed gap is short again."""
+    from dynamo_thunderagent.costs import EngineCosts
+
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1, pause_min_recompute_ratio=0,
+             acting_hold_factor=1.0)
+    h.workers({W0: 1_000})
+    h.scheduler.observe_costs(EngineCosts(prefill_seconds_per_token=0.02, decode_seconds=1.0))
+    h.acting_on("agent", W0, 100)
+    for gap in (1.0, 30.0, 1.0, 1.0):  # one 30 s gap among 1 s ones; the hold is 20 s
+        h.advance(gap)
+        rid, d = h.turn("agent", 900)
+        assert isinstance(d.outcome(rid), Release)
+        h.scheduler.sent(rid, W0, h.now)
+        h.complete(rid, 900)
+    agent = h.program("agent")
+    assert agent.expected_back_within(20.0) is True  # smoothed, the 30 s gap is history
+    assert agent.max_gap == 30.0
+    h.advance(5)
+    h.tick()
+    assert h.scheduler.snapshot(h.now)["acting_hold_seconds"] == 20.0
+    assert h.scheduler.table.decayed_usage(W0, h.now) == 900 * 2.0 ** -5  # not held
+
+
 def test_the_hold_follows_the_measured_prefill_cost_and_is_zero_until_measured() -> None:
     from dynamo_thunderagent.costs import EngineCosts
 
