@@ -109,8 +109,11 @@ class Scheduler:
         # Requests without a session id running now, and their prompt tokens per rank
         # (``sessionless_kv``); at most max_tracked_requests of them are followed.
         self.sessionless = SessionlessTraffic()
-        # acting_yield_factor's horizon in seconds (None: off or not measured; _set_hold).
-        self.yield_seconds: float | None = None
+        # acting_yield_factor's horizon in seconds (None: off or not measured; _set_hold):
+        # the time the engine takes to re-prefill a mean pool, times the factor. The turns
+        # running per rank weigh on both sides of the trade (a re-prefill holds them all
+        # up; the room a program keeps would run its share of them), so they do not move it.
+        self.yield_horizon: float | None = None
         # PAUSED programs whose turn waits for room: the only programs that hold a new
         # program back, and the resume candidates when idle horizons are on.
         self._deferred: dict[str, Program] = {}
@@ -886,15 +889,7 @@ class Scheduler:
         refill = (self.costs.stall_seconds(round(self.capacity.total / len(known)), 1.0)
                   if (hold or yield_) and known else None)
         self.usage_model.hold_seconds = 0.0 if hold is None or refill is None else hold * refill
-        self.yield_seconds = None if yield_ is None or refill is None else yield_ * refill
-
-    @property
-    def yield_horizon(self) -> float | None:
-        """``acting_yield_factor``'s horizon now: the time the engine takes to re-prefill a
-        mean pool, times the factor (None: off or not measured). The turns running per rank
-        weigh on both sides of the trade (a re-prefill holds them all up; the room a
-        program keeps would run its share of them), so they do not move it."""
-        return self.yield_seconds
+        self.yield_horizon = None if yield_ is None or refill is None else yield_ * refill
 
     def _yields(self, program: Program) -> bool:
         """Whether ``program``, now at its tool boundary, is expected back later than the

@@ -27,8 +27,7 @@ class SchedulerView(Protocol):
     usage_model: UsageModel
     cache_loss: CacheLossMeter
     resume_loss: CacheLossMeter
-    @property
-    def yield_horizon(self) -> float | None: ...
+    yield_horizon: float | None
 
     @property
     def sessionless_tokens(self) -> Mapping[WorkerKey, int]: ...
