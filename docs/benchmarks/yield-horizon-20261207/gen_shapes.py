@@ -15,48 +15,50 @@ token; the simulator and the live harness time turns with their own engine model
 import json
 import random
 import sys
+from collections.abc import Callable
+from typing import NamedTuple
+
+
+class Shape(NamedTuple):
+    sessions: int
+    first_prompt: tuple[int, int]  # tokens, inclusive range
+    turns: tuple[int, int]
+    output: tuple[int, int]  # tokens a turn
+    tool: Callable[[random.Random], float]  # seconds after a turn
+    growth: tuple[int, int]  # tokens the next prompt adds beyond the output (tool results)
+
+
+def _bimodal_tool(rng: random.Random) -> float:
+    return rng.uniform(60, 240) if rng.random() < 0.08 else rng.uniform(0.1, 2.0)
+
+
+SHAPES = {
+    "chat": Shape(96, (300, 1500), (10, 40), (100, 600),
+                  lambda rng: rng.lognormvariate(3.0, 0.7), (20, 200)),
+    "research": Shape(96, (1500, 3000), (3, 8), (60, 300),
+                      lambda rng: rng.uniform(0.5, 5.0), (4000, 10000)),
+    "reasoning": Shape(64, (2000, 6000), (6, 16), (1000, 4000),
+                       lambda rng: rng.lognormvariate(1.4, 0.9), (200, 1500)),
+    "bimodal": Shape(96, (3000, 8000), (15, 50), (50, 400), _bimodal_tool, (100, 2500)),
+}
 
 
 def main() -> None:
-    shape, path, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    rng = random.Random(f"{shape}:{seed}")
+    name, path, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    shape = SHAPES.get(name)
+    if shape is None:
+        raise SystemExit(f"unknown shape {name!r}: {', '.join(SHAPES)}")
+    rng = random.Random(f"{name}:{seed}")
     with open(path, "w", encoding="utf-8") as out:
-        def row(sid: str, step: int, prompt: int, output: int, tool: float) -> None:
-            out.write(json.dumps({"session_id": sid, "step": step, "input_tokens": prompt,
-                                  "output_tokens": output,
-                                  "llm_seconds": round(0.3 + output * 0.02, 3),
-                                  "tool_seconds": round(tool, 2)}) + "\n")
-
-        for s in range(64 if shape == "reasoning" else 96):
-            sid = f"{shape}{s}"
-            if shape == "chat":
-                prompt = rng.randint(300, 1500)
-                for step in range(1, rng.randint(10, 40) + 1):
-                    output = rng.randint(100, 600)
-                    row(sid, step, prompt, output, rng.lognormvariate(3.0, 0.7))
-                    prompt += output + rng.randint(20, 200)
-            elif shape == "research":
-                prompt = rng.randint(1500, 3000)
-                for step in range(1, rng.randint(3, 8) + 1):
-                    output = rng.randint(60, 300)
-                    row(sid, step, prompt, output, rng.uniform(0.5, 5.0))
-                    prompt += output + rng.randint(4000, 10000)
-            elif shape == "reasoning":
-                prompt = rng.randint(2000, 6000)
-                for step in range(1, rng.randint(6, 16) + 1):
-                    output = rng.randint(1000, 4000)
-                    row(sid, step, prompt, output, rng.lognormvariate(1.4, 0.9))
-                    prompt += output + rng.randint(200, 1500)
-            elif shape == "bimodal":
-                prompt = rng.randint(3000, 8000)
-                for step in range(1, rng.randint(15, 50) + 1):
-                    output = rng.randint(50, 400)
-                    long_tool = rng.random() < 0.08
-                    row(sid, step, prompt, output,
-                        rng.uniform(60, 240) if long_tool else rng.uniform(0.1, 2.0))
-                    prompt += output + rng.randint(100, 2500)
-            else:
-                raise SystemExit(f"unknown shape {shape!r}: chat, research, reasoning, bimodal")
+        for s in range(shape.sessions):
+            prompt = rng.randint(*shape.first_prompt)
+            for step in range(1, rng.randint(*shape.turns) + 1):
+                output = rng.randint(*shape.output)
+                out.write(json.dumps({"session_id": f"{name}{s}", "step": step,
+                                      "input_tokens": prompt, "output_tokens": output,
+                                      "llm_seconds": round(0.3 + output * 0.02, 3),
+                                      "tool_seconds": round(shape.tool(rng), 2)}) + "\n")
+                prompt += output + rng.randint(*shape.growth)
 
 
 if __name__ == "__main__":
