@@ -85,6 +85,9 @@ FAILOVER_LIMIT = 2
 # ended as aborted (see reap_orphans). Forwarding starts in the same loop step as
 # admission, so any positive bound is safe; a few seconds keeps the log quiet.
 ORPHAN_SECONDS = 5.0
+# The longest the scheduler tick sleeps before it reads its interval again: a policy reload
+# that shortens ``scheduler_interval_seconds`` takes effect within this.
+TICK_RECHECK_SECONDS = 1.0
 
 
 class StreamCut(Exception):
@@ -650,10 +653,17 @@ class ThunderAgentRouter:
             await asyncio.sleep(self.refresh_interval)
 
     async def _tick(self, interval: float) -> None:
+        last = time.monotonic()
         while True:
-            # Read each time: a policy reload may change the interval.
-            await asyncio.sleep(self.classifier.tick_interval or interval)
+            # Read each time: a policy reload may change the interval. The sleep is cut in
+            # slices so that a shorter one applies within TICK_RECHECK_SECONDS, not after a
+            # sleep begun under the old one (an hour's, say, typed by mistake).
+            left = last + (self.classifier.tick_interval or interval) - time.monotonic()
+            if left > 0:
+                await asyncio.sleep(min(left, TICK_RECHECK_SECONDS))
+                continue
             self.tick_once()
+            last = time.monotonic()
 
     def tick_once(self) -> None:
         """The scheduler's tick, then the safety nets: waits its decisions left unanswered

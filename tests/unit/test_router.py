@@ -1318,6 +1318,39 @@ def test_an_unreadable_card_does_not_stop_the_worker_watch() -> None:
     assert h.router.state()["unreadable_cards"] == {}
 
 
+# ---- the scheduler tick ----------------------------------------------------------------
+async def test_a_reload_that_shortens_the_tick_interval_applies_without_the_old_sleep(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interval of an hour, corrected by a reload to a fraction of a second, ticks at
+    once: the tick reads its interval again while it sleeps (before, the hour's sleep ran
+    out first, and idle pauses, expiry, the bound on waits and the safety nets with it)."""
+    import dynamo_thunderagent.dynamo.router as router_module
+
+    monkeypatch.setattr(router_module, "TICK_RECHECK_SECONDS", 0.01, raising=False)
+    h = Harness(scheduler_interval_seconds=3600)
+    ticks: list[None] = []
+    tick = h.router.tick_once
+
+    def counted() -> None:
+        ticks.append(None)
+        tick()
+
+    h.router.tick_once = counted  # type: ignore[method-assign]
+    h.router.start()
+    try:
+        await asyncio.sleep(0.05)
+        assert ticks == []  # an hour has not passed
+        h.classifier.reconfigure(
+            h.classifier.parameters.model_copy(update={"scheduler_interval_seconds": 0.02}))
+        for _ in range(200):  # at most 2 s of the wall clock
+            if len(ticks) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(ticks) >= 2, "the shorter interval waited for the hour's sleep"
+    finally:
+        await h.router.stop()
+
+
 async def test_a_handler_cancelled_as_its_turn_is_admitted_does_not_strand_the_session() -> None:
     h = Harness()
     first, second = await _queued_behind_a_held_turn(h, FakeContext("r2"))
