@@ -258,7 +258,12 @@ class ThunderAgentClassifier(RequestClassifier):
                 outcome = await waiter
             except asyncio.CancelledError:
                 self._waiters.pop(request.request_id, None)
-                self._apply(self.scheduler.aborted(request.request_id, self.clock()))
+                # A session-final whose client left stays queued behind its session's
+                # turn, so the session still ends when that turn does (nobody is
+                # answered): the client said it was done. Dropped, it left the program
+                # in the table, and a charge on its rank, until retention expired it.
+                if not request.session_final:
+                    self._apply(self.scheduler.aborted(request.request_id, self.clock()))
                 raise
         if isinstance(outcome, Reject):
             raise AdmissionRejected(outcome.request_id, outcome.reason)

@@ -7,9 +7,9 @@ router killed mid-load, a worker hung, the router frozen past its discovery leas
 leaving in a storm, requests the engine refuses, oversize prompts, a flood of session ids,
 malformed session headers, workers with data-parallel ranks, a worker replaced while agents
 run, a worker's model card made unreadable, a session-final with every request slot
-taken, an engine that refuses, fails or cuts short one request, also one queued behind
-another turn of its session, programs that outgrow a small worker's pool) and ends with
-the same checks (:func:`settles`):
+taken or whose client leaves, an engine that refuses, fails or cuts short one request,
+also one queued behind another turn of its session, programs that outgrow a small
+worker's pool) and ends with the same checks (:func:`settles`):
 
 * every request the router took reached exactly one terminal state (its counters add up:
   completed + aborted + rejected + session-final + cancelled + orphaned + pass-through);
@@ -1167,6 +1167,35 @@ async def test_a_second_session_final_is_answered_at_once_while_the_first_waits(
         assert outcomes.ok == 1 and outcomes.errors == []
         state = await asyncio.to_thread(settles, stack, "a session-final sent twice")
         assert state["router"]["session_final"] >= 2 and state["router"]["rejected"] == 0
+
+
+async def test_a_session_final_whose_client_leaves_still_ends_the_session(
+        tmp_path: Path) -> None:
+    # A harness that sends the final and gives up on it at once (it exits, or its timeout
+    # is short) while the session's last turn runs: the session still ends when that turn
+    # does (before: the final was dropped with its client, and the finished program stayed
+    # in the table, with its charge, until retention expired it).
+    import openai
+
+    async with a_long_turn_in_flight(tmp_path, "leaving") as (stack, _turn, outcomes, holder):
+        impatient = async_client(stack, timeout=2)
+        try:
+            with pytest.raises(openai.APITimeoutError):
+                await impatient.chat.completions.create(
+                    model=MODEL, max_tokens=1, messages=[{"role": "user", "content": "done"}],
+                    extra_headers={SESSION: "leaving", SESSION_FINAL: "true"})
+        finally:
+            await impatient.close()
+        await asyncio.to_thread(
+            wait_for_state, stack, lambda s: s["router"]["cancelled"] == 1,
+            "the final's client gone")
+        assert not holder.done() and "leaving" in programs(get_state(stack))
+        await holder
+        await asyncio.to_thread(
+            wait_for_state, stack, lambda s: "leaving" not in programs(s),
+            "the session ended with its turn")
+        assert outcomes.ok == 1 and outcomes.errors == []
+        await asyncio.to_thread(settles, stack, "a session-final whose client left")
 
 
 async def test_a_sessions_concurrent_turns_run_alongside_with_the_extended_policy(

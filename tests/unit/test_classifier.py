@@ -125,6 +125,21 @@ async def test_session_final_admission_carries_no_turn() -> None:
     assert admission.session_final and "a" not in classifier.scheduler.table.programs
 
 
+async def test_a_session_final_whose_client_left_still_ends_the_session() -> None:
+    classifier, _ = make_classifier()
+    await classifier.classify(turn("r1", "a", 10))
+    final = asyncio.create_task(classifier.classify(turn("f", "a", 0, final=True)))
+    await asyncio.sleep(0)
+    final.cancel()  # its client went away while it waited behind the turn
+    with pytest.raises(asyncio.CancelledError):
+        await final
+    table = classifier.scheduler.table
+    assert table.programs["a"].final_request == "f"  # still queued behind the turn
+    assert classifier.snapshot()["deferred_requests"] == 0  # nobody waits for an answer
+    classifier.on_event(Completed("r1", 30))
+    assert "a" not in table.programs and not table.requests  # ended with its turn
+
+
 # ---- selector -------------------------------------------------------------------
 def selector() -> ThunderAgentSelector:
     return ThunderAgentSelector(EmptyParameters())
