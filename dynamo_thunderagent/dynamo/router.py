@@ -13,7 +13,7 @@ Background tasks: a worker watch (live instance ids + capacity cards, read throu
 seconds), the scheduler tick (every ``classifier.tick_interval``), and an optional loopback
 HTTP server with the router's state for operators and tests.
 
-(About 740 lines: ``generate`` is one handler because every request must end in exactly
+(About 760 lines: ``generate`` is one handler because every request must end in exactly
 one terminal state, and its ``try`` blocks are what guarantee that, failover included; the
 chunk-level translation and the lifecycle tracking it calls live in ``translate.py``, what
 a worker's error says and a failed turn's continuation in ``failover.py``, which streams
