@@ -70,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="agents: auto (calibrated: trace, cheap-recompute: toy), trace, swe, toy, "
       "long (sessions with compaction), fanout (parents with subagents), agentic-code "
       "(aiperf's coding-agent distributions)")
-    a("--trace", type=Path, default=None, help="trace JSONL for --workload trace")
+    a("--trace", type=Path, default=None,
+      help="replay this JSONL trace (implies --workload trace)")
     a("--token-scale", type=float, default=None, help="override the regime's token scale")
     a("--time-scale", type=float, default=None, help="override the regime's time scale")
     a("--policy-clock", choices=POLICY_CLOCKS, default="regime",

@@ -231,14 +231,19 @@ def live_setup(
     """The setup ``bench live`` runs ``regime`` with, given its flags (None: the default).
 
     ``workload`` "auto" keeps the regime's own; a generated shape gets the token factor
-    that sizes it for the regime's simulated worker, as ``bench sim`` sizes it.
+    that sizes it for the regime's simulated worker, as ``bench sim`` sizes it. A
+    ``trace`` replays that file (as ``bench sim --trace``): with a generated workload it
+    is an error, not a file left unread.
     """
     base = default_setup(regime)
     changes: dict[str, Any] = {}
     if workload != "auto":
         changes["workload"] = workload
     if trace is not None:
-        changes["trace"] = trace
+        if workload not in ("auto", "trace"):
+            raise ValueError(f"--trace and --workload {workload} contradict each other: "
+                             "--trace replays its file (leave --workload out)")
+        changes.update(workload="trace", trace=trace)
     if token_scale is not None:
         changes["token_scale"] = token_scale
     elif workload in SHAPES:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from itertools import islice
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,17 @@ def test_live_toy_agents_are_the_simulators_cheap_recompute_agents() -> None:
     assert [p.session_id.split("-", 1)[1] for p in live] == [
         p.session_id.split("-", 1)[1] for p in sim]  # fmt: skip
     assert all(p.session_id.startswith("toy-") for p in live)
+
+
+@pytest.mark.parametrize("name", REGIME_NAMES)
+def test_live_trace_flag_replays_its_file_in_every_regime(name: str, tmp_path: Path) -> None:
+    trace = tmp_path / "mine.jsonl"
+    trace.write_text('{"session_id": "a", "step": 1, "input_tokens": 10, '
+                     '"output_tokens": 2, "tool_seconds": 1.0}\n')
+    setup = live_sweep.live_setup(name, trace=trace)
+    assert (setup.workload, setup.trace) == ("trace", trace)
+    assert live_sweep.live_setup(name, workload="trace", trace=trace).workload == "trace"
+    with pytest.raises(ValueError, match="--trace and --workload toy contradict"):
+        live_sweep.live_setup(name, workload="toy", trace=trace)
+    with pytest.raises(ValueError, match="not found"):
+        live_sweep.live_setup(name, trace=tmp_path / "missing.jsonl")
