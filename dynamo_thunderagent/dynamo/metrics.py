@@ -69,7 +69,8 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
      "Programs resumed: reason room (planned), evicting (run without room where holding "
      "back keeps no cache), resume_timeout (forced)."),
     ("program_moves_total", "counter", ("reason",),
-     "Programs whose worker/rank changed: resume, served_elsewhere, placed, empty_rank."),
+     "Programs whose worker/rank changed: resume, served_elsewhere, placed, empty_rank, "
+     "outgrown."),
     ("program_expiries_total", "counter", ("reason",),
      "Idle programs removed past session_retention_seconds."),
     ("program_evictions_total", "counter", ("reason",),
@@ -78,13 +79,14 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
      "Programs removed at their session-final request, or rolled back."),
     ("turns_admitted_total", "counter", ("reason",),
      "Turns released to a worker/rank: sticky, placed, resumed, no_capacity_known, "
-     "empty_rank."),
+     "empty_rank, outgrown."),
     ("turns_deferred_total", "counter", ("reason",),
      "Turns held back because their program is paused."),
     ("rejections_total", "counter", ("reason",),
      "Requests rejected, by the limit they hit."),
     ("admission_wait_seconds", "histogram", (),
-     "Time a turn waited for admission (tracked turns, not session-final requests)."),
+     "Time a turn of a session waited for admission (turns run alongside included, "
+     "session-final requests not)."),
     ("tick_duration_seconds", "histogram", (),
      "Duration of one scheduler tick."),
     ("programs", "gauge", ("phase", "lifecycle"),
