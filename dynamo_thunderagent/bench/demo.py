@@ -8,7 +8,7 @@ capacity, well past the knee where a request-level router starts to thrash. Each
 then ours) gets a fresh local stack (mocker workers, Dynamo's frontend and, for ours, our
 router component) and the same seeded agents for ``--window`` seconds; nothing else differs.
 
-* ``calibrated`` (default): the shipped SWE-agent trace (``../shared/traces``) replayed, with
+* ``calibrated`` (default): the shared SWE-agent trace (``../shared/traces``) replayed, with
   the mocker's prefill and decode tables fitted to the trace's GPU timings, so re-prefilling an
   evicted agent context costs what it costs on that deployment next to a decode step. When the
   trace is absent the synthetic SWE-agent workload runs instead, and the demo says so.
@@ -93,7 +93,7 @@ class DemoConfig:
     drain_s: float = 5.0
     request_timeout_s: float = 300.0
     seed: int = 0
-    trace: Path | None = None  # None: the shipped trace when present
+    trace: Path | None = None  # None: the shared trace when present
     out_dir: Path = field(default_factory=lambda: default_out_dir())
     plot: bool = True
     bucket_s: float = BUCKET_S

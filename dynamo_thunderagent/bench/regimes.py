@@ -4,7 +4,7 @@ the calibration check.
 A regime says what a re-prefill costs next to a decode step, which is what decides whether
 letting an ACTING program's KV cache be evicted hurts throughput (docs/calibration.md):
 
-* ``calibrated``: the GPU timing model fitted to the shipped SWE-agent trace. The mocker reads
+* ``calibrated``: the GPU timing model fitted to the shared SWE-agent trace. The mocker reads
   it as prefill and decode tables, the simulator as its pass costs; the trace is replayed
   when it is present (else the synthetic SWE-agent shape), and every turn carries the
   trace's per-call client overhead.

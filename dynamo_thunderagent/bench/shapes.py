@@ -4,7 +4,7 @@ coding-agent sessions with aiperf's ``agentic-code`` distributions.
 All are seeded generators like ``WorkloadSpec`` (``bench/workload.py``): agent ``index``
 depends only on ``(spec, seed, index)``, so a longer run extends a shorter one. Sizes are
 given in tokens *before* scaling and are chosen for the calibrated regime's simulated worker
-(``SHAPE_POOL_TOKENS``, 262k tokens, like one GPU of the shipped trace); a harness running a
+(``SHAPE_POOL_TOKENS``, 262k tokens, like one GPU of the shared trace); a harness running a
 smaller pool shrinks them by :func:`shape_token_factor` so that the same number of programs
 fit a worker.
 

@@ -274,7 +274,7 @@ def load_trace(
     turn, or the last kept one, would have started are dropped with it. Raises ValueError
     naming the session whose parent is missing, whose parent_step is not a step of its
     parent (or is its parent's last step), or which is its own ancestor. Fields the format
-    does not know (the shipped trace's ``batch``) are ignored.
+    does not know (the shared trace's ``batch``) are ignored.
     """
     if max_turns is not None and max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A population the policy was not tuned on: the shipped SWE-agent trace's agents and the real
+# A population the policy was not tuned on: the shared SWE-agent trace's agents and the real
 # Claude Code sessions (section "Real Claude Code sessions") in one trace, so that short,
 # fast programs and long ones of 80k tokens share the pool. Sized as bench live sizes it (3x,
 # 24 agents, live's window), seeds 0-2, stock, ours and the Python port, then ours with

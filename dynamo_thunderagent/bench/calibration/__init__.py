@@ -9,7 +9,7 @@ agent context of 20-60k tokens takes seconds to prefill, a large multiple of a d
 thrash halves throughput. The benchmark therefore runs two regimes:
 
 * ``calibrated``: the mocker reads prefill and decode tables (``--planner-profile-data``)
-  generated here from a model fitted to the shipped SWE-agent trace (GLM-4.5-FP8 on vLLM), so a
+  generated here from a model fitted to the shared SWE-agent trace (GLM-4.5-FP8 on vLLM), so a
   full re-prefill costs what it costs on that deployment, relative to decode;
 * ``cheap-recompute``: the mocker's default timing model, unchanged.
 

@@ -1,6 +1,6 @@
 """The GPU timing model: what one engine pass costs on the reference deployment.
 
-Real tokens and real milliseconds, fitted to the shipped SWE-agent trace (GLM-4.5-FP8 on
+Real tokens and real milliseconds, fitted to the shared SWE-agent trace (GLM-4.5-FP8 on
 vLLM; :mod:`.fit` reproduces the fit). Everything else in the calibration package scales
 this model for the mocker (:mod:`.mocker`); the simulator reads it as its calibrated timing.
 """

@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, help="token budget per pass")
     parser.add_argument("--workload", choices=("trace", "synthetic", *SHAPES),
                         help="replay a trace or generate agents (preset: calibrated replays "
-                        "the shipped trace, cheap-recompute is synthetic); long: sessions "
+                        "the shared trace, cheap-recompute is synthetic); long: sessions "
                         "with compaction, fanout: parents with subagents, agentic-code: "
                         "aiperf's coding-agent distributions")
     parser.add_argument("--trace", help="replay this JSONL trace (implies --workload trace)")
@@ -161,7 +161,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         workload = replace(SHAPES[args.workload], token_scale=shape_token_factor(pool))
     elif args.workload == "trace" and scenario.trace is None:
         if not DEFAULT_TRACE.is_file():
-            raise ValueError(f"--workload trace: the shipped trace {DEFAULT_TRACE} is missing; "
+            raise ValueError(f"--workload trace: the shared trace {DEFAULT_TRACE} is missing; "
                              "pass --trace PATH")
         overrides["trace"] = str(DEFAULT_TRACE)
     if args.no_reuse_output:

@@ -8,7 +8,7 @@ definition in ``bench/regimes.py`` (the same the live harness reads):
   workers x 1,408 blocks x 16 tokens, agents of 10-20 turns (500-token shared system prompt,
   100-300 tool tokens and 32-64 generated tokens a turn, tool time lognormal with a 0.5 s
   median) and the mocker's default timing. Re-prefilling an evicted context is cheap here.
-* ``calibrated``: real agents on GPU-like costs: the shipped SWE-agent trace replayed
+* ``calibrated``: real agents on GPU-like costs: the shared SWE-agent trace replayed
   (133 runs, median 39 steps, peak contexts of 37k tokens at the median, 77 generated tokens
   a step, short local tools; a 1,000-token shared system prompt assumed), 2 workers x 16,384
   blocks x 16 tokens (262k tokens each), timing fitted to the same trace

@@ -3,7 +3,7 @@
 Two models, one per regime of the benchmark (:mod:`dynamo_thunderagent.bench.regimes` picks
 them): ``cheap-recompute``, the Dynamo mocker's default timing as measured here, in which
 re-prefilling an evicted context costs about one loaded decode step; and ``calibrated``, the
-GPU timing model fitted to the shipped SWE-agent trace, in which re-prefilling an agent
+GPU timing model fitted to the shared SWE-agent trace, in which re-prefilling an agent
 context costs many decode steps.
 """
 
@@ -81,7 +81,7 @@ def cheap_recompute_timing(pool_tokens: int = 1408 * 16) -> TimingModel:
 def calibrated_timing(gpu: GpuTiming = DEFAULT_TIMING) -> TimingModel:
     """GPU-like costs: a re-prefill of an agent context costs many decode steps.
 
-    Coefficients of ``gpu``, by default the fit of the shipped SWE-agent trace
+    Coefficients of ``gpu``, by default the fit of the shared SWE-agent trace
     (GLM-4.5-FP8 on vLLM, :mod:`dynamo_thunderagent.bench.calibration.timing`).
     """
     return TimingModel(
