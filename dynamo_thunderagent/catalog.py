@@ -29,6 +29,7 @@ from dynamo_thunderagent.config import (
     PolicyError,
     ResolvedComponent,
     describe_validation_error,
+    has_unknown_key,
     read_policy_file,
 )
 from dynamo_thunderagent.selector import ThunderAgentSelector, WorkerSelector
@@ -147,11 +148,11 @@ class Catalog:
         try:
             params = plugin.Parameters.model_validate(parameters)
         except ValidationError as error:
-            detail = describe_validation_error(f"{where}.parameters", error)
-            allowed = ", ".join(plugin.Parameters.model_fields) or "none"
-            raise PolicyError(
-                f"{source}: {detail} [type {type_name!r} accepts parameters: {allowed}]"
-            ) from None
+            detail = describe_validation_error(f"{where}.parameters", error, plugin.Parameters)
+            if has_unknown_key(error):
+                allowed = ", ".join(plugin.Parameters.model_fields) or "none"
+                detail += f" [type {type_name!r} accepts parameters: {allowed}]"
+            raise PolicyError(f"{source}: {detail}") from None
         return ResolvedComponent(role=registry.role, name=name, type=type_name,
                                  parameters=params)
 

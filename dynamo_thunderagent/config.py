@@ -11,15 +11,18 @@ first request.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import stat
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from dynamo_thunderagent.parameters import StrictModel
 
@@ -84,20 +87,72 @@ class PolicyConfig(StrictModel):
     worker_selection: WorkerSelectionSpec | None = None
 
 
-def describe_validation_error(where: str, error: ValidationError) -> str:
-    """One line per problem: ``where.key: message (got value)``."""
+def format_number(value: float) -> str:
+    """``1,800`` for whole numbers below a billion, ``0.95`` or ``1e12`` otherwise."""
+    if isinstance(value, int) or (float(value).is_integer() and abs(value) < 1e9):
+        return f"{int(value):,}"
+    return f"{value:g}".replace("e+", "e")
+
+
+def allowed_values(field: FieldInfo) -> str:
+    """What a parameter accepts, in words: ``number in [0, 1]`` (a bracket closed where
+    the bound is allowed), ``off, or integer in (0, 100]`` for one that may be null, the
+    choices of a literal, ``true, false`` for a flag."""
+    args = typing.get_args(field.annotation)
+    optional = type(None) in args
+    base = next(a for a in args if a is not type(None)) if optional else field.annotation
+    if typing.get_origin(base) is typing.Literal:
+        words = ", ".join(str(a) for a in typing.get_args(base))
+    elif base is bool:
+        words = "true, false"
+    elif base in (int, float):
+        low, high, lower, upper = "(", ")", "-inf", "inf"
+        for m in field.metadata:
+            if getattr(m, "ge", None) is not None:
+                low, lower = "[", format_number(m.ge)
+            if getattr(m, "gt", None) is not None:
+                low, lower = "(", format_number(m.gt)
+            if getattr(m, "le", None) is not None:
+                high, upper = "]", format_number(m.le)
+            if getattr(m, "lt", None) is not None:
+                high, upper = ")", format_number(m.lt)
+        kind = "integer" if base is int else "number"
+        words = f"{kind} in {low}{lower}, {upper}{high}"
+    else:
+        words = getattr(base, "__name__", str(base))
+    return f"off, or {words}" if optional else words
+
+
+def describe_validation_error(where: str, error: ValidationError,
+                              model: type[BaseModel] | None = None) -> str:
+    """One line per problem: ``where.key: message (got value)``. Given the ``model`` that
+    was validated, a bad value of one of its fields also says what the field accepts, and
+    an unknown key names the closest known one."""
+    fields = model.model_fields if model is not None else {}
     lines = []
     for problem in error.errors():
         loc = ".".join(str(part) for part in problem["loc"])
         key = f"{where}.{loc}" if loc else where
         message = problem["msg"].removeprefix("Value error, ")
+        field = fields.get(loc)
         if problem["type"] == "extra_forbidden":
             message = "unknown key"
+            close = difflib.get_close_matches(loc, fields, n=1)
+            if close:
+                message += f" (did you mean {close[0]!r}?)"
+            lines.append(f"{key}: {message}")
+            continue
         got = problem.get("input")
-        plain = not isinstance(got, (dict, list)) and problem["type"] != "extra_forbidden"
-        suffix = f" (got {got!r})" if plain else ""
+        notes = [] if isinstance(got, (dict, list)) else [f"got {got!r}"]
+        if field is not None:
+            notes.append(f"allowed: {allowed_values(field)}")
+        suffix = f" ({'; '.join(notes)})" if notes else ""
         lines.append(f"{key}: {message}{suffix}")
     return "; ".join(lines)
+
+
+def has_unknown_key(error: ValidationError) -> bool:
+    return any(problem["type"] == "extra_forbidden" for problem in error.errors())
 
 
 def parse_policy(data: Any, source: str) -> PolicyConfig:
@@ -182,7 +237,9 @@ def read_policy_file(path: str | Path) -> PolicyConfig:
     try:
         data = load_policy_yaml(text)
     except yaml.YAMLError as error:
-        raise PolicyError(f"{source}: not valid YAML: {error}") from None
+        # PyYAML names its stream "<unicode string>"; the message leads with the file.
+        where = str(error).replace('in "<unicode string>", ', "at ")
+        raise PolicyError(f"{source}: not valid YAML: {where}") from None
     except (ValueError, RecursionError) as error:  # parsed, but not into values Python holds:
         # a date such as 2020-13-45, an integer of thousands of digits, brackets nested deep
         why = "nested too deeply" if isinstance(error, RecursionError) else str(error)

@@ -308,3 +308,41 @@ def test_an_exponent_number_is_no_integer_and_a_near_miss_stays_text(tmp_path: P
                           "{pause_threshold: 1e12x}}\n")
     with pytest.raises(PolicyError, match="pause_threshold: Input should be a valid number"):
         load_policy(odd)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "expected"),
+    [
+        ("{pause_threshold: 2}", "pause_threshold: Input should be less than or equal to 1 "
+         "(got 2; allowed: number in [0, 1])"),
+        ("{buffer_per_program: -3}", "(got -3; allowed: integer in [0, 10,000,000])"),
+        ("{max_wait_seconds: 0}", "(got 0; allowed: off, or number in (0, 604,800])"),
+        ("{placement: nearest}", "allowed: least_used, least_busy)"),
+        ("{resume_on_events: 1}", "(got 1; allowed: true, false)"),
+    ],
+)
+def test_a_bad_value_says_what_its_key_accepts(tmp_path: Path, parameters: str,
+                                                expected: str) -> None:
+    policy = f"request_classifier: {{type: thunderagent, parameters: {parameters}}}\n"
+    path = write(tmp_path, policy)
+    with pytest.raises(PolicyError) as error:
+        load_policy(path)
+    assert expected in str(error.value)
+    assert "accepts parameters" not in str(error.value)  # only for an unknown key
+
+
+def test_an_unknown_key_names_the_closest_known_one(tmp_path: Path) -> None:
+    path = write(tmp_path, "request_classifier: {type: thunderagent, "
+                 "parameters: {pause_threshhold: 0.9}}\n")
+    with pytest.raises(PolicyError, match="unknown key \\(did you mean 'pause_threshold'\\?\\)"):
+        load_policy(path)
+
+
+def test_a_yaml_error_points_at_the_line_without_naming_a_string(tmp_path: Path) -> None:
+    path = write(tmp_path, "request_classifier:\n  type: thunderagent\n  parameters:\n"
+                 "    pause_threshold: [1\n")
+    with pytest.raises(PolicyError) as error:
+        load_policy(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}: not valid YAML") and "at line 4, column 22" in message
+    assert "<unicode string>" not in message

@@ -166,7 +166,11 @@ def test_invalid_plugin_parameter_fails_naming_file_and_key(
         load_policy(path)
     message = str(error.value)
     assert str(path) in message and key in message and why in message
-    assert "accepts parameters: max_sessions, max_waiting, idle_release_seconds" in message
+    if why == "unknown key":  # the accepted names, and the closest
+        assert "accepts parameters: max_sessions, max_waiting, idle_release_seconds" in message
+        assert "did you mean 'max_sessions'?" in message
+    else:  # what the key accepts, not every other key
+        assert "allowed: " in message and "accepts parameters" not in message
 
 
 def test_validate_command_reports_a_bad_plugin_parameter(

@@ -9,14 +9,13 @@ parameter, a bound, a default or the extended file changes, rewrite it with
 from __future__ import annotations
 
 import sys
-import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel
-from pydantic.fields import FieldInfo
 
+from dynamo_thunderagent.config import allowed_values, format_number
 from dynamo_thunderagent.parameters import ThunderAgentParameters, ThunderAgentSelectorParameters
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,47 +25,14 @@ BEGIN = "<!-- parameter reference: rendered by tests/unit/test_parameter_referen
 END = "<!-- end of parameter reference -->"
 
 
-def _number(value: float) -> str:
-    if isinstance(value, int) or (float(value).is_integer() and abs(value) < 1e9):
-        return f"{int(value):,}"
-    return f"{value:g}".replace("e+", "e")
-
-
 def _value(value: Any) -> str:
     if value is None:
         return "off"
     if isinstance(value, bool):
-        return f"`{str(value).lower()}`"
+        return str(value).lower()
     if isinstance(value, str):
-        return f"`{value}`"
-    return _number(value)
-
-
-def _allowed(field: FieldInfo) -> str:
-    annotation = field.annotation
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    optional = type(None) in typing.get_args(annotation)
-    base = args[0] if optional else annotation
-    if typing.get_origin(base) is typing.Literal:
-        return ", ".join(f"`{a}`" for a in typing.get_args(base))
-    if base is bool:
-        return "`true`, `false`"
-    low, high = "(", ")"
-    lower: float | None = None
-    upper: float | None = None
-    for m in field.metadata:
-        if getattr(m, "ge", None) is not None:
-            low, lower = "[", m.ge
-        if getattr(m, "gt", None) is not None:
-            low, lower = "(", m.gt
-        if getattr(m, "le", None) is not None:
-            high, upper = "]", m.le
-        if getattr(m, "lt", None) is not None:
-            high, upper = ")", m.lt
-    kind = "integer" if base is int else "number"
-    span = (f"{kind} in {low}{_number(lower) if lower is not None else '-inf'}, "
-            f"{_number(upper) if upper is not None else 'inf'}{high}")
-    return f"off, or {span}" if optional else span
+        return value
+    return format_number(value)
 
 
 def _extended_values() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -80,7 +46,7 @@ def _rows(model: type[BaseModel], where: str, extended: dict[str, Any]) -> list[
     rows = []
     for name, field in model.model_fields.items():
         ours = _value(extended[name]) if name in extended else "the default"
-        rows.append(f"| `{name}` | {where} | {_value(field.default)} | {_allowed(field)} "
+        rows.append(f"| `{name}` | {where} | {_value(field.default)} | {allowed_values(field)} "
                     f"| {ours} |")
     return rows
 
