@@ -110,6 +110,7 @@ class RouterView:
     # one whose watch could not start, then ``routers_unwatched`` says why)
     routers_watched: bool = False
     routers_unwatched: str | None = None
+    instance_id: int | None = None  # /state routers.instance_id: the router's own instance
     error: str | None = None
 
 
@@ -144,7 +145,14 @@ def router_view(url: str, state: Mapping[str, Any]) -> RouterView:
         routers_watched=isinstance(routers, Mapping) and "other_instances" in routers,
         routers_unwatched=(str(routers["unwatched"]) if isinstance(routers, Mapping)
                            and routers.get("unwatched") else None),
+        instance_id=_instance_id(routers),
     )
+
+
+def _instance_id(routers: object) -> int | None:
+    """/state ``routers.instance_id``: the instance the router serves as (None: unknown)."""
+    own = routers.get("instance_id") if isinstance(routers, Mapping) else None
+    return own if isinstance(own, int) and not isinstance(own, bool) else None
 
 
 def _part_text(part: object, key: str) -> str | None:
@@ -170,7 +178,8 @@ def diagnose(settings: Settings, discovery: Discovery, frontend: FrontendView | 
         findings.append(Finding("warn", "frontend", "not checked (no --frontend URL given)",
                                 "pass --frontend http://HOST:PORT of the Dynamo frontend"))
     else:
-        findings += check_frontend(settings, discovery, frontend)
+        own = router.instance_id if router is not None and router.error is None else None
+        findings += check_frontend(settings, discovery, frontend, router_instance=own)
     if router is None:
         findings.append(Finding("warn", "sessions",
                                 "not checked (no --state URL given): the share of requests "
@@ -319,9 +328,12 @@ def _check_exposure(settings: Settings, cards: Sequence[Registration]) -> list[F
     return findings
 
 
-def check_frontend(settings: Settings, discovery: Discovery,
-                   frontend: FrontendView) -> list[Finding]:
-    """Does the frontend list the model, and did every probe go through the router?"""
+def check_frontend(settings: Settings, discovery: Discovery, frontend: FrontendView,
+                   router_instance: int | None = None) -> list[Finding]:
+    """Does the frontend list the model, and did every probe go through the router? The
+    router's instances are those discovery lists at its endpoint, and ``router_instance``
+    (its own /state says which it is), so that a discovery doctor cannot read does not
+    make the router look like a bypass."""
     model = settings.model_name
     if frontend.error is not None:
         return [Finding("fail", "frontend", f"{frontend.url}: {frontend.error}",
@@ -343,11 +355,24 @@ def check_frontend(settings: Settings, discovery: Discovery,
                                     "served it (nvext.worker_id)", None))
         return findings
     routers = {c.instance_id for c in discovery.cards if c.path == settings.router_endpoint}
+    if router_instance is not None:
+        routers.add(router_instance)
     where = {c.instance_id: c.path for c in discovery.cards}
     around = [i for i in frontend.served_by if i not in routers]
     if not around:
         findings.append(Finding("ok", "frontend", f"all {len(frontend.served_by)} probes went "
                                 "through the router"))
+        return findings
+    unknown = sorted({i for i in around if i not in where})
+    if discovery.error is not None and len(unknown) == len(set(around)):
+        # Nothing names the instances that served them: no verdict, and no wrong fix.
+        findings.append(Finding(
+            "warn", "frontend",
+            f"{len(around)} of {len(frontend.served_by)} probes were served by instance "
+            f"{', '.join(str(i) for i in unknown)}, which neither discovery (unreadable) nor "
+            "the router's /state names: cannot tell whether they went through the router",
+            "run doctor with the deployment's discovery settings (DYN_DISCOVERY_BACKEND, "
+            "DYN_FILE_KV or ETCD_ENDPOINTS) and --state http://HOST:PORT/state of the router"))
         return findings
     names = sorted({where.get(i, f"instance {i}") for i in around})
     in_namespace = all(where.get(i, "").split(".")[0] == settings.router_namespace

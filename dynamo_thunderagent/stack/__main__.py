@@ -140,10 +140,13 @@ def discovery_line(stack: LocalStack) -> str:
     """The banner's discovery line: the backend and where its servers (or store) are."""
     where = stack.describe_discovery()
     if stack.discovery is None:
-        return f"discovery: file (store {where['store']}, events over a loopback ZMQ broker)"
+        return (f"discovery: file (store {where['store']}, events over a loopback ZMQ "
+                "broker); `doctor` or a process of your own reads it with "
+                f"DYN_DISCOVERY_BACKEND=file DYN_FILE_KV={where['store']}")
     return (f"discovery: etcd at {where['etcd']}, NATS at {where['nats']} (events over "
             "NATS); the Dynamo processes get DYN_DISCOVERY_BACKEND=etcd, ETCD_ENDPOINTS, "
-            "NATS_SERVER and DYN_EVENT_PLANE=nats")
+            "NATS_SERVER and DYN_EVENT_PLANE=nats (`doctor` needs the first two: "
+            f"DYN_DISCOVERY_BACKEND=etcd ETCD_ENDPOINTS={where['etcd']})")
 
 
 def run_stack_cli(args: argparse.Namespace) -> int:
@@ -174,6 +177,7 @@ def run_stack_cli(args: argparse.Namespace) -> int:
             "discovery": stack.describe_discovery(),
             "regime": None if regime is None else regime.describe(),
             "run_dir": str(stack.run_dir),
+            "policy": None if config.policy is None else str(config.policy),  # what it reads
             "pids": {p.name: p.pid for p in stack.processes},
             "metrics": stack.metrics_urls,
             "state": stack.state_url,  # our router's GET /state (arm ours), else None

@@ -220,6 +220,12 @@ def banner(
                 f"flags): a 60 s wait in a policy file is {60 * clock:g} s here "
                 "(--policy-clock wall: as written)"
             )
+            if config.policy is not None:
+                lines.append(
+                    f"  the router reads a copy of the policy on this clock, {config.policy}: "
+                    "to reload a change, edit that copy and send the router SIGHUP (its pid "
+                    "is in the summary); an edit of the original file is not seen"
+                )
         overhead = setup.client_overhead_s
         if overhead:
             lines.append(

@@ -283,3 +283,27 @@ def test_a_router_that_could_not_watch_its_endpoint_is_a_warning() -> None:
     state["routers"] = {"endpoint": "ta.router.generate", "unwatched": "RuntimeError('x')"}
     [finding] = by_check(check_router(router_view("u", state)), "routers")
     assert finding.status == "warn" and "RuntimeError('x')" in finding.found
+
+
+def test_the_router_named_by_its_own_state_is_no_bypass_when_discovery_is_unreadable() -> None:
+    unread = Discovery("etcd", "http://127.0.0.1:2379", error="connection refused")
+    frontend = FrontendView("http://f", models=("tiny",), served_by=(7, 7, 7), probes=3)
+    findings = check_frontend(SETTINGS, unread, frontend, router_instance=7)
+    assert [f.status for f in findings] == ["ok", "ok"]
+    assert "all 3 probes went through the router" in findings[-1].found
+    state = {"router": {"recent_with_session": 0, "recent_without_session": 0,
+                        "with_session": 0, "session_final": 0, "doctor_probes": 0,
+                        "recent_window": {"requests": 0, "seconds": 60}},
+             "scheduler": {"programs": {}}, "routers": {"instance_id": 7}}
+    view = router_view("http://s/state", state)
+    assert view.instance_id == 7
+    assert statuses(diagnose(SETTINGS, unread, frontend, view), "frontend") == ["ok", "ok"]
+
+
+def test_probes_served_by_an_unnamed_instance_are_no_verdict_without_discovery() -> None:
+    unread = Discovery("etcd", "http://127.0.0.1:2379", error="connection refused")
+    frontend = FrontendView("http://f", models=("tiny",), served_by=(7, 7), probes=2)
+    [ok, unsure] = check_frontend(SETTINGS, unread, frontend)
+    assert (ok.status, unsure.status) == ("ok", "warn")
+    assert "cannot tell" in unsure.found and "--namespace" not in str(unsure.fix)
+    assert "DYN_DISCOVERY_BACKEND" in str(unsure.fix)

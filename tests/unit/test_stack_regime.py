@@ -135,6 +135,22 @@ def test_the_banner_states_sizing_scales_what_to_send_flags_and_url(tmp_path: Pa
     assert URL in text and "X-Dynamo-Session-ID" in text
 
 
+def test_the_banner_names_the_policy_copy_a_reload_must_edit(tmp_path: Path) -> None:
+    args = _args("--regime", "calibrated", "--arm", "ours", "--run-dir", str(tmp_path))
+    config = config_from_args(args)
+    regime = regime_from_args(args, config)
+    assert regime is not None and config.policy is not None
+    text = banner(regime, config, URL, tmp_path / "model")
+    assert f"the router reads a copy of the policy on this clock, {config.policy}" in text
+    assert "edit that copy and send the router SIGHUP" in text
+    wall = _args("--regime", "calibrated", "--arm", "ours", "--policy-clock", "wall",
+                 "--run-dir", str(tmp_path / "wall"))
+    config = config_from_args(wall)
+    regime = regime_from_args(wall, config)
+    assert regime is not None
+    assert "reads a copy" not in banner(regime, config, URL, tmp_path / "model")
+
+
 def test_the_banner_without_a_regime_says_it_is_none() -> None:
     config = config_from_args(_args())
     text = banner(None, config, URL, Path("/tmp/model"))
