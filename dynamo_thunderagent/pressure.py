@@ -52,6 +52,25 @@ class PauseRule(Protocol):
                        now: float) -> bool:
         """Whether the rule would relieve ``worker`` now (its usage over the threshold)."""
 
+    def relief(self, table: ProgramTable, capacity: Capacity, worker: WorkerKey, now: float,
+               batch: float) -> str:
+        """Whether the rule pauses on ``worker`` now, and if not why (one of
+        :data:`RELIEF`): what ``/state`` and ``top`` show per worker/rank."""
+
+
+#: What :meth:`PauseRule.relief` says of a worker/rank: ``pausing`` (over its threshold with
+#: programs that give way), ``under_threshold``, ``no_capacity_card``, or over its threshold
+#: but not pausing because its engine keeps paused programs (``engine_keeps_paused``,
+#: ``pause_min_resume_loss``) or is not seen to lose cache (``no_cache_loss``,
+#: ``pause_min_cache_loss``), it holds one program (``only_program``), its marked programs
+#: pause at their tool boundary (``marked``), or none of its programs gives way: most of
+#: them because their pause would not pay (``pause_does_not_pay``,
+#: ``pause_min_recompute_ratio``), they yielded their room (``yielded``) or became active
+#: within ``min_residency_seconds`` (``min_residency``).
+RELIEF = ("pausing", "under_threshold", "no_capacity_card", "engine_keeps_paused",
+          "no_cache_loss", "only_program", "marked", "pause_does_not_pay", "yielded",
+          "min_residency")
+
 
 class ParityPauseRule:
     """The paper's rule, with its ingredients chosen once from the parameters."""
@@ -139,11 +158,49 @@ class ParityPauseRule:
     def _gives_way(self, program: Program, now: float, batch: float) -> bool:
         """Whether ``program`` may be paused: it holds room (it did not yield it), it
         became active at least ``min_residency_seconds`` ago, and its pause pays."""
+        return self._kept(program, now, batch) is None
+
+    def _kept(self, program: Program, now: float, batch: float) -> str | None:
+        """Why ``program`` may not be paused (a :data:`RELIEF` reason); None: it may."""
+        if program.yielded:
+            return "yielded"
         residency = self.residency
-        return (not program.yielded
-                and not (residency and program.active_since is not None
-                         and now - program.active_since < residency)
-                and self.costs.pause_pays(program.tokens, batch))
+        if (residency and program.active_since is not None
+                and now - program.active_since < residency):
+            return "min_residency"
+        if not self.costs.pause_pays(program.tokens, batch):
+            return "pause_does_not_pay"
+        return None
+
+    def relief(self, table: ProgramTable, capacity: Capacity, worker: WorkerKey, now: float,
+               batch: float) -> str:
+        cap = capacity.known.get(worker)
+        if cap is None:
+            return "no_capacity_card"
+        if self._usage(table, worker, now) <= cap * self.threshold:
+            return "under_threshold"
+        if self.keeps_paused is not None and self.keeps_paused(worker):
+            return "engine_keeps_paused"
+        if not self._engine_evicts(worker):
+            return "no_cache_loss"
+        members = table.members(worker)
+        if len(members) <= 1 and capacity.reserved(worker):
+            return "only_program"
+        kept = []
+        for program in members:
+            if program.phase is Phase.ACTING:
+                why = self._kept(program, now, batch)
+            elif program.marked_for_pause:
+                continue
+            else:  # REASONING: marked for its tool boundary where its pause pays
+                pays = self.costs.pause_pays(program.tokens, batch)
+                why = None if pays else "pause_does_not_pay"
+            if why is None:
+                return "pausing"
+            kept.append(why)
+        if any(p.marked_for_pause for p in members) or not kept:
+            return "marked"
+        return max(sorted(set(kept)), key=kept.count)
 
     def over_threshold(self, table: ProgramTable, capacity: Capacity, worker: WorkerKey,
                        now: float) -> bool:
@@ -231,6 +288,13 @@ class UpstreamPauseRule:
                        now: float) -> bool:
         cap = capacity.known.get(worker)
         return cap is not None and table.usage(worker) > cap * self.threshold
+
+    def relief(self, table: ProgramTable, capacity: Capacity, worker: WorkerKey, now: float,
+               batch: float) -> str:
+        if worker not in capacity.known:
+            return "no_capacity_card"
+        return ("pausing" if self.over_threshold(table, capacity, worker, now)
+                else "under_threshold")
 
 
 def pause_rule(params: ThunderAgentParameters, model: UsageModel, costs: CostModel,

@@ -809,6 +809,11 @@ class Scheduler:
                                        + max(0.0, model.charge(program) - shared))
         return own
 
+    def relief(self, worker: WorkerKey, now: float) -> str:
+        """Whether the pause rule pauses on ``worker`` now, and if not why
+        (``pressure.RELIEF``)."""
+        return self.pause_rule.relief(self.table, self.capacity, worker, now, self.batch)
+
     def keeps_paused(self, worker: WorkerKey) -> bool:
         """Whether ``worker``'s engine keeps what a pause there would save
         (``pause_min_resume_loss``; False without it)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from dynamo_thunderagent.cache_loss import CacheLossMeter
@@ -41,16 +41,20 @@ class SchedulerView(Protocol):
 
     def let_in_usage(self) -> dict[WorkerKey, float]: ...
 
+    def relief(self, worker: WorkerKey, now: float) -> str: ...
+
 
 def snapshot(table: ProgramTable, capacity: Capacity, idle: IdlePrograms,
              counters: Mapping[str, int], costs: CostModel, waiting_for_room: int,
-             now: float) -> dict[str, object]:
-    """Plain-data view of a scheduler's parts at ``now``."""
+             now: float, relief: Callable[[WorkerKey], str] | None = None) -> dict[str, object]:
+    """Plain-data view of a scheduler's parts at ``now``; with ``relief``, each rank with a
+    capacity card says whether the pause rule pauses there now, and if not why
+    (``pressure.RELIEF``)."""
     paused_at: dict[WorkerKey, int] = {}  # paused programs by the rank they last ran on
     for program in table.paused():
         if program.worker is not None:
             paused_at[program.worker] = paused_at.get(program.worker, 0) + 1
-    ranks = {}
+    ranks: dict[str, dict[str, object]] = {}
     for worker in sorted(set(capacity.known) | set(table.assigned_workers())):
         ranks[str(worker)] = {
             "capacity_tokens": capacity.known.get(worker),
@@ -59,6 +63,8 @@ def snapshot(table: ProgramTable, capacity: Capacity, idle: IdlePrograms,
             "programs": len(table.members(worker)),
             "paused_programs": paused_at.get(worker, 0),
         }
+        if relief is not None and worker in capacity.known:
+            ranks[str(worker)]["pausing"] = relief(worker)
     programs = {
         p.session_id: {
             "phase": p.phase.value, "lifecycle": p.lifecycle.value,
@@ -92,7 +98,8 @@ def scheduler_snapshot(scheduler: SchedulerView, now: float) -> dict[str, object
     parameters, what it measured of the engines and the turns waiting for room."""
     s = scheduler
     waiting = list(s.waiting_turns)
-    state = snapshot(s.table, s.capacity, s.idle, s.counters, s.costs, len(waiting), now)
+    state = snapshot(s.table, s.capacity, s.idle, s.counters, s.costs, len(waiting), now,
+                     relief=lambda worker: s.relief(worker, now))
     state["parameters"] = s.params.model_dump()
     state["cache_loss"] = s.cache_loss.snapshot()
     state["resume_loss"] = s.resume_loss.snapshot("resume_loss_ratio")

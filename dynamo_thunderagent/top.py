@@ -99,6 +99,9 @@ def _ranks(scheduler: dict[str, Any], params: dict[str, Any]) -> Table:
     table.add_column("usage / capacity", no_wrap=True, min_width=BAR_WIDTH + 8)
     for column in ("pause at", "resume below", "resident", "paused here", "sessionless"):
         table.add_column(column, justify="right")
+    # Whether the pause rule pauses there now, and if not which gate holds it
+    # (pressure.RELIEF; "-" from a router that predates it).
+    table.add_column("pause rule")
     # Other tenants' requests running on each rank, and what is taken off its capacity for
     # them (sessionless_kv, sessionless_kv_full_loss).
     held = scheduler.get("sessionless_tokens") or {}
@@ -119,9 +122,10 @@ def _ranks(scheduler: dict[str, Any], params: dict[str, Any]) -> Table:
                       _tokens(None if not capacity else capacity * resume),
                       str(figures.get("programs", 0)),
                       str(figures.get("paused_programs", paused_here.get(rank, 0))),
-                      _sessionless(held.get(rank), reserved.get(rank)))
+                      _sessionless(held.get(rank), reserved.get(rank)),
+                      str(figures.get("pausing") or "-").replace("_", " "))
     if not scheduler.get("ranks"):
-        table.add_row("(no worker with capacity yet)", "", "", "", "", "", "", "", "")
+        table.add_row("(no worker with capacity yet)", "", "", "", "", "", "", "", "", "")
     return table
 
 

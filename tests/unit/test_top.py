@@ -76,6 +76,7 @@ def test_the_view_shows_ranks_against_thresholds_programs_waits_and_decisions() 
     assert "waits for room" in screen
     assert "programs: 3 resident, 1 paused" in screen
     assert "recent decisions" in screen and "paused" in screen and "no room" in screen
+    assert "pause rule" in screen and "under threshold" in screen  # each rank's verdict
 
 
 def test_the_counts_are_the_whole_tables_when_state_lists_only_part_of_it() -> None:
@@ -155,7 +156,7 @@ def test_once_into_a_pipe_prints_tables_wide_enough_to_read(
     monkeypatch.delenv("COLUMNS", raising=False)
     assert run_top(argparse.Namespace(state=state_server, interval=1.0, once=True)) == 0
     screen = capsys.readouterr().out
-    for header in ("session", "lifecycle", "phase", "sessionless", "paused here"):
+    for header in ("session", "lifecycle", "phase", "sessionless", "paused here", "pause rule"):
         assert header in screen
 
 
