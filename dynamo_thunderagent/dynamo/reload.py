@@ -70,8 +70,10 @@ def plan_reload(current: ResolvedPolicy, new: ResolvedPolicy) -> ReloadPlan:
     old_stages = current.describe().get("worker_selection")
     new_stages = new.describe().get("worker_selection")
     if old_stages != new_stages:
-        return ReloadPlan("needs_restart", "worker_selection changed; the worker selector "
-                          "is chosen at startup, so it needs a restart")
+        what = "; ".join(f"{key}: {old!r} -> {value!r}" for key, (old, value)
+                         in _differences(old_stages, new_stages, "worker_selection").items())
+        return ReloadPlan("needs_restart", f"worker_selection changed ({what}); the worker "
+                          "selector is chosen at startup, so it needs a restart")
     old_params = current.classifier.parameters.model_dump()
     new_params = new.classifier.parameters.model_dump()
     changed = {key: (old_params.get(key), value) for key, value in new_params.items()
@@ -80,6 +82,17 @@ def plan_reload(current: ResolvedPolicy, new: ResolvedPolicy) -> ReloadPlan:
         return ReloadPlan("ok", "no parameter changed")
     listed = ", ".join(f"{key}: {old!r} -> {value!r}" for key, (old, value) in changed.items())
     return ReloadPlan("ok", f"applied {listed}", changed)
+
+
+def _differences(old: Any, new: Any, where: str) -> dict[str, tuple[Any, Any]]:
+    """Each key path under ``where`` whose value differs between two plain-data trees
+    (a key on one side only: None on the other)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: dict[str, tuple[Any, Any]] = {}
+        for key in sorted(set(old) | set(new), key=str):
+            out.update(_differences(old.get(key), new.get(key), f"{where}.{key}"))
+        return out
+    return {} if old == new else {where: (old, new)}
 
 
 class PolicyReloader:

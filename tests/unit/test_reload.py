@@ -319,7 +319,10 @@ def test_a_new_classifier_type_or_selector_needs_a_restart(tmp_path: Path) -> No
     other = tmp_path / "selector.yaml"
     other.write_text(POLICY.format(type="thunderagent", threshold=0.9).replace(
         "name: ta", "name: tb").replace("aggregated: ta", "aggregated: tb"), encoding="utf-8")
-    assert plan_reload(old, load_policy(other, builtin_catalog())).result == "needs_restart"
+    plan = plan_reload(old, load_policy(other, builtin_catalog()))
+    assert plan.result == "needs_restart"
+    # It names what changed, not only that the selection did.
+    assert "worker_selection.aggregated.instance: 'ta' -> 'tb'" in plan.message
     assert plan_reload(old, old).message == "no parameter changed"
 
 
