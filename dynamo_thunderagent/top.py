@@ -220,7 +220,9 @@ def _summary(state: dict[str, Any], url: str) -> Text:
     line.append("\n")
     p99 = router.get("admission_wait_p99_s")
     line.append(
-        f"requests {router.get('requests', 0)}  completed {router.get('completed', 0)}  "
+        f"requests {router.get('requests', 0)} (session-finals "
+        f"{router.get('session_final', 0)}, passed through {router.get('passthrough', 0)}, "
+        f"rejected {router.get('rejected', 0)})  completed {router.get('completed', 0)}  "
         f"in flight {state.get('in_flight', 0)}  waiting {router.get('admission_waiting', 0)}  "
         f"admission wait p99 {'-' if p99 is None else _seconds(float(p99))}  "
         f"pauses {counters.get('pauses', 0)} ({counters.get('aging_pauses', 0)} aging, "

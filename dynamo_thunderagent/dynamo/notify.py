@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from dynamo_thunderagent.decisions import Decisions
+from dynamo_thunderagent.decisions import Decisions, EventKind
 from dynamo_thunderagent.events import EVENT_KINDS, LifecycleEvent, topic
 from dynamo_thunderagent.program import WorkerKey
 
@@ -49,10 +49,16 @@ def lifecycle_events(decisions: Decisions, worker_of: WorkerOf,
             kind, session_id, None if worker is None else worker.worker_id,
             None if worker is None else worker.dp_rank, at, reason))
 
+    # Why each was paused or left, as the scheduler's steps say it (metrics' reason labels,
+    # in words): "no room", "pressure", "tool boundary", "session final", "rolled back", ...
+    why = {(step.kind, step.program): step.reason.replace("_", " ")
+           for step in decisions.steps}
     for session_id in decisions.paused:
-        add("paused", session_id, worker_of(session_id), "no room")
+        add("paused", session_id, worker_of(session_id),
+            why.get((EventKind.PAUSED, session_id), "no room"))
     for session_id in decisions.removed:
-        add("ended", session_id, None, "removed")
+        add("ended", session_id, None, why.get((EventKind.ENDED, session_id))
+            or why.get((EventKind.EVICTED, session_id), "removed"))
     for session_id in decisions.expired:
         add("expired", session_id, None, "idle past session_retention_seconds")
     forced = set(decisions.forced)

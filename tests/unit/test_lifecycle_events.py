@@ -20,6 +20,7 @@ from dynamo_thunderagent.dynamo.notify import (
 from dynamo_thunderagent.events import LifecycleEvent, Subscriber
 from dynamo_thunderagent.parameters import ThunderAgentParameters
 from dynamo_thunderagent.program import WorkerKey
+from dynamo_thunderagent.scheduler import Scheduler
 from dynamo_thunderagent.stack.process import free_port
 
 W0, W1 = WorkerKey(7, 0), WorkerKey(8, 1)
@@ -36,6 +37,25 @@ def test_decisions_become_paused_resuming_ended_and_expired_events() -> None:
         ("resuming", "r", 8, 1, "room"),
         ("resuming", "f", 7, 0, "forced"),
     ]
+
+
+def test_a_pause_or_an_end_says_why_as_the_scheduler_decided_it() -> None:
+    scheduler = Scheduler(ThunderAgentParameters(buffer_per_program=0,
+                                                 acting_decay_tau_seconds=1e9))
+    scheduler.set_workers(frozenset({7}), {W0: CapacityCard(2_000, 1)})
+    for rid, session, tokens in (("a1", "small", 600), ("b1", "big", 1_200)):
+        scheduler.submit(rid, session, tokens, 0.0)
+        scheduler.sent(rid, W0, 0.0)
+        scheduler.completed(rid, tokens, 1.0)
+    scheduler.set_workers(frozenset({7}), {W0: CapacityCard(1_500, 1)})  # over the threshold
+    d = scheduler.tick(2.0)
+    events = lifecycle_events(d, table_worker_of(scheduler.table.programs), at=2.0)
+    assert [(e.event, e.session_id, e.reason) for e in events] == [
+        ("paused", "small", "pressure")]
+    d = scheduler.submit("b-final", "big", 0, 3.0, session_final=True)
+    events = lifecycle_events(d, table_worker_of(scheduler.table.programs), at=3.0)
+    assert ("ended", "big", "session final") in [(e.event, e.session_id, e.reason)
+                                                  for e in events]
 
 
 def test_an_event_survives_its_json_and_bad_messages_say_why() -> None:

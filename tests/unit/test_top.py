@@ -69,6 +69,8 @@ def test_the_view_shows_ranks_against_thresholds_programs_waits_and_decisions() 
     assert "pause above 90%, resume below 80%" in screen
     assert "7587/0" in screen and "1,000" in screen and "900" in screen  # capacity, pause at
     assert "reloads ok 2, invalid 1" in screen
+    # What the requests were, so that requests and completed turns add up.
+    assert "requests 5 (session-finals 0, passed through 0, rejected 0)  completed 3" in screen
     assert "selector thunderagent (preferred_load_slack 1.0)" in screen
     assert "(forced 0, let in while evicting 0)" in screen  # hold_max_cache_loss's counter
     assert "(0 aging, +0 idle)" in screen  # aging_makes_room's pauses are among the pauses
