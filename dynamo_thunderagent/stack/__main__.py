@@ -193,6 +193,9 @@ def run_stack_cli(args: argparse.Namespace) -> int:
         stack.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        logs = stack.run_dir / "logs"
+        if logs.is_dir():
+            print(f"stack: stopped; the logs stay in {logs}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,6 +52,9 @@ def stack_env(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    # Dynamo's own log lines without colour codes: the logs go to files that people grep
+    # (the caller's setting wins).
+    env.setdefault("DYN_SDK_DISABLE_ANSI_LOGGING", "1")
     if discovery_env is not None:
         del env["DYN_FILE_KV"]
         env.update(discovery_env)

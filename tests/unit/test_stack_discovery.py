@@ -185,3 +185,10 @@ def test_each_worker_gets_its_own_flags_after_the_shared_ones(tmp_path: Path) ->
     assert second[-2:] == ["--speedup-ratio", "2"]  # past the list: the shared flags only
     with pytest.raises(ValueError, match="worker_args lists 3 workers, more than num_workers"):
         StackConfig(worker_args=[[], [], []]).validate()
+
+
+def test_dynamos_logs_come_without_colour_codes_unless_the_caller_asks() -> None:
+    # They go to files in the run dir; 99 of 103 lines of a router log carried ANSI codes.
+    assert stack_env(Path("/r"), Path("/r/kv"), {}, {})["DYN_SDK_DISABLE_ANSI_LOGGING"] == "1"
+    mine = stack_env(Path("/r"), Path("/r/kv"), {"DYN_SDK_DISABLE_ANSI_LOGGING": "0"}, {})
+    assert mine["DYN_SDK_DISABLE_ANSI_LOGGING"] == "0"
