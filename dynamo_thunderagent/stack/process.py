@@ -29,6 +29,8 @@ Role = Literal["discovery", "broker", "worker", "router", "frontend"]
 _PR_SET_PDEATHSIG = 1
 # DYN_SYSTEM_PORT must fit an i16 in Dynamo 1.6.1.
 SYSTEM_PORT_RANGE = (20000, 32767)
+# Where the stack's other ports come from (below the OS's ephemeral range: ``free_port``).
+PORT_RANGE = (10000, 32767)
 
 
 class StackError(RuntimeError):
@@ -107,8 +109,26 @@ def _claim(port: int) -> bool:
         return True
 
 
+def ephemeral_low() -> int:
+    """The lowest port the OS hands out to a bind to port 0 (Linux's setting; its default
+    where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the OS picks it) and not handed out lately."""
+    """A TCP port free on 127.0.0.1 right now, below the OS's ephemeral range (where it has
+    room: ``PORT_RANGE``) and not handed out lately.
+
+    Below that range because the Dynamo processes bind their own servers to port 0: the OS
+    hands those out of the ephemeral range, and one could be a port picked here for a process
+    that has not bound it yet (a router's state port once went to a worker's request-plane
+    server, and the router could not start). Without room below it, the OS picks."""
+    low, high = PORT_RANGE[0], min(PORT_RANGE[1], ephemeral_low() - 1)
+    if high - low >= 1_000:
+        return _pick(_random_free(low, high), f"no free port in {low}-{high}")
 
     def os_pick() -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -124,10 +144,17 @@ def free_system_port() -> int:
     The OS hands out ephemeral ports above that, so pick at random below the ephemeral range
     and keep the first one that binds and was not handed out lately.
     """
+    low, high = SYSTEM_PORT_RANGE
+    return _pick(_random_free(low, high),
+                 f"no free port in {SYSTEM_PORT_RANGE} for DYN_SYSTEM_PORT")
+
+
+def _random_free(low: int, high: int) -> Callable[[], int | None]:
+    """A picker: a random port in ``low..high`` that binds on 127.0.0.1 now, else None."""
     rng = random.SystemRandom()
 
     def random_pick() -> int | None:
-        port = rng.randint(SYSTEM_PORT_RANGE[0], SYSTEM_PORT_RANGE[1])
+        port = rng.randint(low, high)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((LOOPBACK, port))
@@ -135,7 +162,7 @@ def free_system_port() -> int:
                 return None
         return port
 
-    return _pick(random_pick, f"no free port in {SYSTEM_PORT_RANGE} for DYN_SYSTEM_PORT")
+    return random_pick
 
 
 def _pick(candidate: Callable[[], int | None], failure: str) -> int:

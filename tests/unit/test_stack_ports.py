@@ -55,8 +55,26 @@ def test_an_os_picked_port_handed_out_lately_is_skipped(monkeypatch: pytest.Monk
             return ("127.0.0.1", self.port)
 
     monkeypatch.setattr(process.socket, "socket", FakeSocket)
+    monkeypatch.setattr(process, "ephemeral_low", lambda: 10_500)  # no room below it
     assert free_port() == 41001
     assert free_port() == 41002
+
+
+def test_ports_are_picked_below_the_range_the_os_hands_to_port_zero_binds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A Dynamo process binding port 0 gets an ephemeral port: a port picked there for a
+    # process that had not bound it yet once went to a worker's request-plane server, and
+    # the router, given it as its state port, could not start.
+    low = process.ephemeral_low()
+    picks = [free_port() for _ in range(100)]
+    assert all(process.PORT_RANGE[0] <= p < low for p in picks), picks
+    first, second = picks[:2]
+    process._RECENT_PICKS.clear()
+    again = scripted([first, first, second])
+    monkeypatch.setattr(random.SystemRandom, "randint", lambda self, a, b: next(again))
+    assert free_port() == first
+    assert free_port() == second  # `first` is free still: its process has not bound it
 
 
 def test_a_picker_that_finds_only_recent_ports_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
