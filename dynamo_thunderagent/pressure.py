@@ -186,6 +186,10 @@ class ParityPauseRule:
         members = table.members(worker)
         if len(members) <= 1 and capacity.reserved(worker):
             return "only_program"
+        charge = self._charge(now)
+        marked = sum(charge(p) for p in members if p.marked_for_pause)
+        if marked and self._usage(table, worker, now) - marked <= cap * self.target:
+            return "marked"  # the marks drain it: nobody else gives way now
         kept = []
         for program in members:
             if program.phase is Phase.ACTING:

@@ -79,3 +79,18 @@ def test_every_pause_rule_answers(rule: str) -> None:
     assert relief(h) == "pausing"
     h.tick()
     assert relief(h) == "under_threshold"
+
+
+def test_a_rank_whose_marked_programs_will_drain_it_says_so() -> None:
+    h = make(buffer_per_program=0, acting_decay_tau_seconds=1e9, pause_target=0.9)
+    h.workers({W0: 10_000})
+    h.acting_on("tiny", W0, 50)
+    h.acting_on("small", W0, 1_000)
+    h.acting_on("big", W0, 8_000)
+    h.turn("big", 8_800)  # REASONING, in flight
+    h.turn("small", 1_100)  # REASONING, in flight: 9,950 > 9,500
+    assert relief(h) == "pausing"
+    d = h.tick()  # "tiny" pauses, "small" is marked: 9,900 less its 1,100 is below 9,000
+    assert d.paused == ["tiny"] and h.program("small").marked_for_pause
+    assert relief(h) == "marked"  # still over the threshold, but the mark will drain it
+    assert h.tick().paused == [] and not h.program("big").marked_for_pause
