@@ -31,6 +31,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from dynamo_thunderagent.flags import finite_float
 from dynamo_thunderagent.urls import state_url
 
 # Rows shown per table before "... and N more" (a terminal is only so tall).
@@ -47,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state", required=True,
                         help="the router's state URL, e.g. http://127.0.0.1:8090/state "
                              "(serve --state-port); /state is added to a bare host:port")
-    parser.add_argument("--interval", type=float, default=1.0,
+    parser.add_argument("--interval", type=finite_float, default=1.0,
                         help="seconds between refreshes (default 1)")
     parser.add_argument("--once", action="store_true",
                         help="print one view and exit (no live screen)")

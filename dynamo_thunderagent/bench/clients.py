@@ -60,6 +60,7 @@ from dynamo_thunderagent.bench.live_sweep import ArmSpec
 from dynamo_thunderagent.bench.metrics import paired_ratio
 from dynamo_thunderagent.bench.output import publish
 from dynamo_thunderagent.dynamo.translate import SESSION_HEADER
+from dynamo_thunderagent.flags import finite_float
 from dynamo_thunderagent.policy_files import POLICY_CLOCKS
 from dynamo_thunderagent.stack.arms import ARM_NAMES, BASELINE_ARM, HEADLINE_ARMS, arm_named
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
@@ -456,7 +457,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(regime, default) or as written (wall); see bench live")
     parser.add_argument("--aiperf", default=None, help="aiperf executable (default: "
                         ".venv-aiperf/bin/aiperf, $DTA_AIPERF, or PATH)")
-    parser.add_argument("--timeout", type=float, default=300.0,
+    parser.add_argument("--timeout", type=finite_float, default=300.0,
                         help="seconds one aiperf run may take (default: 300)")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default bench-results/clients-<UTC time>/)")

@@ -64,6 +64,7 @@ from dynamo_thunderagent.bench.live_sweep import ArmSpec, RunKey, parse_arms, ru
 from dynamo_thunderagent.bench.regimes import REGIMES
 from dynamo_thunderagent.bench.runner import RunSpec, run_stack
 from dynamo_thunderagent.bench.trace import DEFAULT_TRACE
+from dynamo_thunderagent.flags import finite_float
 from dynamo_thunderagent.stack.arms import ARM_NAMES, HEADLINE_ARMS
 
 DEMO_REGIMES: tuple[str, ...] = ("calibrated", "cheap-recompute")
@@ -308,15 +309,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--agents", type=int, default=None,
       help="closed-loop agents (default: the regime's, 24 calibrated, 30 cheap-recompute); "
            "the KV capacity is sized for them at --pressure")
-    a("--pressure", type=float, default=DEFAULT_PRESSURE,
+    a("--pressure", type=finite_float, default=DEFAULT_PRESSURE,
       help=f"agents' mean peak context / KV capacity (default {DEFAULT_PRESSURE:g})")
     a("--blocks", type=int, default=None, help="KV blocks per worker (overrides --pressure)")
-    a("--window", "--duration", dest="window", type=float, default=DEFAULT_WINDOW_S,
+    a("--window", "--duration", dest="window", type=finite_float, default=DEFAULT_WINDOW_S,
       help=f"seconds each arm launches turns (default {DEFAULT_WINDOW_S:g})")
-    a("--warmup", type=float, default=None,
+    a("--warmup", type=finite_float, default=None,
       help=f"seconds left out of the steady window (default min({DEFAULT_WARMUP_S:g}, "
            "window / 4))")
-    a("--drain", type=float, default=5.0, help="most seconds for turns in flight (default 5)")
+    a("--drain", type=finite_float, default=5.0,
+      help="most seconds for turns in flight (default 5)")
     a("--seed", type=int, default=0)
     a("--trace", type=Path, default=None,
       help=f"replay this JSONL trace (calibrated regime; default {DEFAULT_TRACE.name} "

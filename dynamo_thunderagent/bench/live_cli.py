@@ -33,6 +33,7 @@ from dynamo_thunderagent.bench.live_sweep import (
 )
 from dynamo_thunderagent.bench.regimes import REGIME_NAMES
 from dynamo_thunderagent.bench.workload import Background
+from dynamo_thunderagent.flags import finite_float
 from dynamo_thunderagent.policy_files import POLICY_CLOCKS
 
 
@@ -58,13 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--agents", default=None, help="explicit comma-separated N values (overrides --factors)")
     a("--blocks", type=int, default=None, help="KV blocks per worker (overrides the sizing)")
     a("--workers", type=int, default=2, help="mocker workers (default 2)")
-    a("--window", type=float, default=None,
+    a("--window", type=finite_float, default=None,
       help="seconds of turns per run (default 40; quick 30; with --rollout the batch's cap, "
       f"default {ROLLOUT_CAP_S:g})")
-    a("--warmup", type=float, default=None,
+    a("--warmup", type=finite_float, default=None,
       help="seconds dropped from the steady window (default 10; quick 8; --rollout: none)")
-    a("--drain", type=float, default=5.0, help="most seconds for turns in flight (default 5)")
-    a("--request-timeout", type=float, default=300.0, help="client timeout per request")
+    a("--drain", type=finite_float, default=5.0,
+      help="most seconds for turns in flight (default 5)")
+    a("--request-timeout", type=finite_float, default=300.0, help="client timeout per request")
     a("--seed", type=int, default=0)
     a("--workload", choices=["auto", *WORKLOADS], default="auto",
       help="agents: auto (calibrated: trace, cheap-recompute: toy), trace, swe, toy, "
@@ -72,8 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "(aiperf's coding-agent distributions)")
     a("--trace", type=Path, default=None,
       help="replay this JSONL trace (implies --workload trace)")
-    a("--token-scale", type=float, default=None, help="override the regime's token scale")
-    a("--time-scale", type=float, default=None, help="override the regime's time scale")
+    a("--token-scale", type=finite_float, default=None, help="override the regime's token scale")
+    a("--time-scale", type=finite_float, default=None, help="override the regime's time scale")
     a("--policy-clock", choices=POLICY_CLOCKS, default="regime",
       help="regime (default): the routers' durations (policy seconds, the Python port's "
       "timing flags) are scaled by the time scale, like tools and engine; wall: as written")
@@ -119,12 +121,19 @@ def config_from_args(args: argparse.Namespace) -> LiveConfig:
     if args.rollout and warmup:
         raise ValueError("--warmup does not apply to --rollout: a batch is measured from its "
                          "start")
-    if repeats < 1:
-        raise ValueError("--repeats must be >= 1")
+    if not 1 <= repeats <= 100:
+        raise ValueError(f"--repeats must be in 1..100, got {repeats}")
+    if window <= 0:
+        raise ValueError(f"--window must be > 0, got {window}")
     if not 0 <= warmup < window:
         raise ValueError(f"--warmup must be in [0, --window), got {warmup}")
-    if args.drain < 0 or args.request_timeout <= 0 or args.workers < 1:
-        raise ValueError("--drain must be >= 0, --request-timeout > 0, --workers >= 1")
+    for flag, value, ok, rule in (("--drain", args.drain, args.drain >= 0, ">= 0"),
+                                  ("--request-timeout", args.request_timeout,
+                                   args.request_timeout > 0, "> 0"),
+                                  ("--workers", args.workers, 1 <= args.workers <= 64,
+                                   "in 1..64")):
+        if not ok:
+            raise ValueError(f"{flag} must be {rule}, got {value}")
     if args.max_agents is not None and args.max_agents < 1:
         raise ValueError("--max-agents must be >= 1")
     config = LiveConfig(
@@ -169,7 +178,11 @@ def run_live_cli(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.dry_run:
-        return dry_run(config)
+        try:
+            return dry_run(config)
+        except (ValueError, OSError) as error:  # a trace that cannot be read, a bad pool
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     try:
         prepared = prepare_all(config)
     except ValueError as error:

@@ -46,29 +46,38 @@ SAMPLE_AGENTS = 256  # synthetic plans sampled to size the capacity
 
 
 def comma_separated(text: str, convert: type[int] | type[float], kind: str, rule: str,
-                    minimum: float, *, strict: bool) -> list[Any]:
+                    minimum: float, maximum: float, *, strict: bool) -> list[Any]:
     """The comma-separated ``convert`` values of ``text`` (``--agents``, ``--factors`` of
     both ``bench live`` and ``bench sim``), each at least ``minimum`` (above it if
-    ``strict``) and finite; ValueError naming ``kind`` and ``rule`` otherwise ("2.5" is no
-    integer, and nan fails every comparison)."""
+    ``strict``), at most ``maximum``, finite and given once; ValueError naming ``kind``
+    and ``rule`` otherwise ("2.5" is no integer, and nan fails every comparison)."""
+    items = [v.strip() for v in text.split(",")]
+    if not text.strip() or "" in items:
+        raise ValueError(f"expected comma-separated {kind} {rule}, got {text!r} (an empty "
+                         "item)")
     try:
-        values = [convert(v) for v in text.split(",") if v.strip()]
+        values = [convert(v) for v in items]
     except ValueError:
         raise ValueError(f"expected comma-separated {kind}, got {text!r}") from None
-    if not values or not all((v > minimum if strict else v >= minimum) and math.isfinite(v)
-                             for v in values):
+    if not all((v > minimum if strict else v >= minimum) and v <= maximum
+               and math.isfinite(v) for v in values):
         raise ValueError(f"expected {kind} {rule}, got {text!r}")
+    if len(set(values)) < len(values):
+        raise ValueError(f"expected {kind} {rule}, each once, got {text!r}")
     return values
 
 
 def agent_counts(text: str) -> list[int]:
-    """``--agents``: comma-separated whole numbers >= 1 (:func:`comma_separated`)."""
-    return comma_separated(text, int, "integers", ">= 1", 1, strict=False)
+    """``--agents``: comma-separated whole numbers from 1 to 10,000
+    (:func:`comma_separated`)."""
+    return comma_separated(text, int, "integers", "from 1 to 10,000", 1, 10_000, strict=False)
 
 
 def pressure_factors(text: str) -> list[float]:
-    """``--factors``: comma-separated finite numbers > 0 (:func:`comma_separated`)."""
-    return comma_separated(text, float, "numbers", "> 0", 0.0, strict=True)
+    """``--factors``: comma-separated finite numbers above 0, at most 100
+    (:func:`comma_separated`)."""
+    return comma_separated(text, float, "numbers", "above 0, at most 100", 0.0, 100.0,
+                           strict=True)
 
 
 def relative_path(path: Path | None) -> str | None:

@@ -148,7 +148,23 @@ def run_benchmark(workers: int, dp_ranks: int, programs: int, ticks: int, admiss
     }
 
 
+# Each count's allowed range: at least one of each, at most far past any real fleet.
+_COUNT_LIMITS = {"workers": 4096, "dp_ranks": 64, "programs": 1_000_000, "ticks": 100_000,
+                 "admissions": 1_000_000}
+
+
+def _ms(value: float | None, digits: int) -> str:
+    """A timing in ms, or "-" where nothing of that kind was timed."""
+    return "-" if value is None else f"{value:.{digits}f} ms"
+
+
 def run_overhead(args: argparse.Namespace) -> int:
+    for name, most in _COUNT_LIMITS.items():
+        value = getattr(args, name)
+        if not 1 <= value <= most:
+            print(f"error: --{name.replace('_', '-')} must be in 1..{most:,}, got {value}",
+                  file=sys.stderr)
+            return 2
     try:
         params = policy_parameters(getattr(args, "policy", None))
     except PolicyError as error:
@@ -162,8 +178,8 @@ def run_overhead(args: argparse.Namespace) -> int:
         return 0
     print(f"fleet: {result['workers']} workers x {result['dp_ranks']} dp ranks, "
           f"{result['programs']} programs")
-    print(f"admission  p50 {result['admit_p50_ms']:.4f} ms  p99 {result['admit_p99_ms']:.4f} ms"
-          f"  (continuing p99 {result['admit_continuing_p99_ms']:.4f} ms,"
-          f" new program p99 {result['admit_new_p99_ms']:.4f} ms)")
-    print(f"tick       p50 {result['tick_p50_ms']:.3f} ms  p99 {result['tick_p99_ms']:.3f} ms")
+    print(f"admission  p50 {_ms(result['admit_p50_ms'], 4)}  p99 {_ms(result['admit_p99_ms'], 4)}"
+          f"  (continuing p99 {_ms(result['admit_continuing_p99_ms'], 4)},"
+          f" new program p99 {_ms(result['admit_new_p99_ms'], 4)})")
+    print(f"tick       p50 {_ms(result['tick_p50_ms'], 3)}  p99 {_ms(result['tick_p99_ms'], 3)}")
     return 0

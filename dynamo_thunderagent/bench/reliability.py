@@ -36,6 +36,7 @@ from typing import Any
 
 from dynamo_thunderagent.bench.output import publish
 from dynamo_thunderagent.dynamo.translate import FINAL_HEADER, SESSION_HEADER
+from dynamo_thunderagent.flags import finite_float
 from dynamo_thunderagent.policy_files import EXTENDED_POLICY
 from dynamo_thunderagent.quantile import percentile
 from dynamo_thunderagent.stack.launcher import LocalStack, StackConfig
@@ -320,10 +321,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flood", type=int, default=100_000,
                         help="one-turn sessions in the flood (default 100,000)")
     parser.add_argument("--flood-concurrency", type=int, default=64)
-    parser.add_argument("--soak", type=float, default=600.0,
+    parser.add_argument("--soak", type=finite_float, default=600.0,
                         help="seconds of the soak (default 600)")
     parser.add_argument("--agents", type=int, default=8, help="agents in the soak")
-    parser.add_argument("--fault-every", type=float, default=30.0,
+    parser.add_argument("--fault-every", type=finite_float, default=30.0,
                         help="seconds between faults in the soak (default 30)")
     parser.add_argument("--policy", type=Path, default=None,
                         help="router-policy YAML (default: the extended policy)")

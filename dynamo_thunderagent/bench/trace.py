@@ -165,15 +165,25 @@ def read_trace(path: Path | str) -> dict[str, TraceSession]:
     and the session whose steps repeat or whose session fields disagree.
     """
     rows: dict[str, list[TraceStep]] = {}
-    with Path(path).open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                step = _step_from_row(json.loads(line))
-            except ValueError as error:  # json.JSONDecodeError is one
-                raise ValueError(f"{path}:{line_no}: bad trace row ({error})") from error
-            rows.setdefault(step.session_id, []).append(step)
+    line_no = 0
+    try:
+        with Path(path).open(encoding="utf-8") as handle:
+            for line_no, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    step = _step_from_row(json.loads(line))
+                except ValueError as error:  # json.JSONDecodeError is one
+                    raise ValueError(f"{path}:{line_no}: bad trace row ({error})") from error
+                except RecursionError:
+                    raise ValueError(f"{path}:{line_no}: bad trace row (nested too deeply; "
+                                     "a row is one flat JSON object)") from None
+                rows.setdefault(step.session_id, []).append(step)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}:{line_no + 1}: not UTF-8 text ({error.reason}); a trace "
+                         "is JSON lines") from None
+    if not rows:
+        raise ValueError(f"{path}: no trace rows (a trace is one JSON object a line)")
     return {sid: _session(path, sid, steps) for sid, steps in rows.items()}
 
 

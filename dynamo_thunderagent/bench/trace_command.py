@@ -19,6 +19,7 @@ from dynamo_thunderagent.bench.trace_import import (
     import_rows,
 )
 from dynamo_thunderagent.bench.workload import make_agents
+from dynamo_thunderagent.flags import finite_float
 
 # --workload's defaults: how many top-level agents, and the seed that draws them.
 DEFAULT_AGENTS = 64
@@ -35,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agents", type=int,
                         help=f"--workload: top-level agents (default {DEFAULT_AGENTS})")
     parser.add_argument("--seed", type=int, help=f"--workload: seed (default {DEFAULT_SEED})")
-    parser.add_argument("--max-gap-seconds", type=float,
+    parser.add_argument("--max-gap-seconds", type=finite_float,
                         help="import: cap on the wait between two calls "
                         f"(default {DEFAULT_MAX_GAP_SECONDS:g})")
     parser.add_argument("--max-context-tokens", type=int,

@@ -41,6 +41,7 @@ from dynamo_thunderagent.doctor import (
 )
 from dynamo_thunderagent.dynamo.stats import PROBE_SESSION_PREFIX
 from dynamo_thunderagent.dynamo.translate import FINAL_HEADER, SESSION_HEADER
+from dynamo_thunderagent.flags import finite_float
 from dynamo_thunderagent.urls import http_url, state_url
 
 MAX_PROBES = 64
@@ -61,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probes", type=int, default=8,
                         help=f"session-final probes sent through the frontend (0 to {MAX_PROBES};"
                              " 0: only list its models)")
-    parser.add_argument("--timeout", type=float, default=10.0,
+    parser.add_argument("--timeout", type=finite_float, default=10.0,
                         help="seconds to wait for each HTTP answer")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
 

@@ -36,6 +36,7 @@ from dynamo_thunderagent.dynamo.router_card import (
 from dynamo_thunderagent.dynamo.router_card import choose as choose_card
 from dynamo_thunderagent.dynamo.router_card import mismatch as card_mismatch
 from dynamo_thunderagent.dynamo.router_card import report as card_report
+from dynamo_thunderagent.flags import finite_float
 from dynamo_thunderagent.program_log import configure_logging
 
 log = structlog.get_logger("dynamo_thunderagent.serve")
@@ -72,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "workers' own flag of that name; default: the workers' custom "
                              "template, fetched from where their model cards say, else the "
                              "model's own")
-    parser.add_argument("--refresh-interval", type=float, default=1.0,
+    parser.add_argument("--refresh-interval", type=finite_float, default=1.0,
                         help="seconds between reads of worker liveness and capacity")
     parser.add_argument("--state-host", default="127.0.0.1",
                         help="host of the state endpoint (GET /state, /health, /metrics)")

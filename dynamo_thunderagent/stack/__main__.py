@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 
 from dynamo_thunderagent.bench.regimes import REGIME_NAMES
+from dynamo_thunderagent.flags import finite_float
 from dynamo_thunderagent.policy_files import POLICY_CLOCKS
 from dynamo_thunderagent.stack.arms import ARM_NAMES, BASELINE_ARM
 from dynamo_thunderagent.stack.discovery import DEFAULT_DISCOVERY, DISCOVERY_BACKENDS
@@ -72,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--block-size", type=int, default=16, help="tokens per KV block (default: 16)"
     )
     parser.add_argument(
-        "--speedup-ratio", type=float, default=None,
+        "--speedup-ratio", type=finite_float, default=None,
         help=f"mocker speedup (default: {DEFAULT_SPEEDUP_RATIO:g}; a --regime sets its own)",
     )
     parser.add_argument(
@@ -89,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="router command for --arm ours, as one shell-style string with {placeholders}",
     )
-    parser.add_argument("--timeout", type=float, default=60.0, help="startup timeout in seconds")
+    parser.add_argument("--timeout", type=finite_float, default=60.0,
+                        help="startup timeout in seconds")
     return parser
 
 

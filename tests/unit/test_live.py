@@ -475,9 +475,12 @@ def test_bad_options_are_refused(argv: tuple[str, ...]) -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (("--agents", "2.5"), "--agents: expected comma-separated integers, got '2.5'"),
-    (("--factors", "1,nan"), "--factors: expected numbers > 0, got '1,nan'"),
-    (("--factors", "inf"), "--factors: expected numbers > 0, got 'inf'"),
-    (("--factors", ","), "--factors: expected numbers > 0, got ','"),
+    (("--factors", "1,nan"), "--factors: expected numbers above 0, at most 100, got '1,nan'"),
+    (("--factors", "inf"), "--factors: expected numbers above 0, at most 100, got 'inf'"),
+    (("--factors", ","), "got ',' (an empty item)"),
+    (("--agents", "1,,2"), "got '1,,2' (an empty item)"),
+    (("--agents", "2,2"), "from 1 to 10,000, each once, got '2,2'"),
+    (("--agents", "99999999999"), "from 1 to 10,000, got '99999999999'"),
 ])  # fmt: skip
 def test_agent_counts_and_factors_are_whole_and_finite_or_refused(
         argv: tuple[str, ...], message: str) -> None:

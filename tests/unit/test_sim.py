@@ -687,7 +687,7 @@ def test_factors_set_the_agent_counts_and_with_live_sizing_the_pool(
     for bad in ("1,0", "1,nan", "inf"):
         with pytest.raises(SystemExit):
             cli.main(["bench", "sim", "--factors", bad])
-        assert f"expected numbers > 0, got '{bad}'" in capsys.readouterr().err
+        assert f"expected numbers above 0, at most 100, got '{bad}'" in capsys.readouterr().err
 
 
 def test_live_sizing_takes_other_tenants_tokens_in_lives_units_and_checks_its_pool() -> None:

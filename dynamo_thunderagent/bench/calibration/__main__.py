@@ -14,6 +14,7 @@ from dynamo_thunderagent.bench.calibration.mocker import StackGeometry, calibrat
 from dynamo_thunderagent.bench.calibration.verify import cmd_verify
 from dynamo_thunderagent.bench.regimes import REGIMES
 from dynamo_thunderagent.bench.trace import DEFAULT_TRACE
+from dynamo_thunderagent.flags import finite_float
 
 DESCRIPTION = "Timing regimes for the Dynamo 1.6.1 mocker: GPU-calibrated and cheap-recompute."
 
@@ -48,9 +49,9 @@ def main(argv: Iterable[str] | None = None) -> int:
 
     w = sub.add_parser("write", help="write a calibrated profile and print the mocker flags")
     w.add_argument("out_dir")
-    w.add_argument("--token-scale", type=float, default=0.1)
-    w.add_argument("--time-scale", type=float, default=1.0)
-    w.add_argument("--speedup-ratio", type=float, default=1.0)
+    w.add_argument("--token-scale", type=finite_float, default=0.1)
+    w.add_argument("--time-scale", type=finite_float, default=1.0)
+    w.add_argument("--speedup-ratio", type=finite_float, default=1.0)
     w.add_argument("--num-gpu-blocks", type=int, default=None)
     w.add_argument("--block-size", type=int, default=16)
     w.add_argument("--transport", choices=["auto", "profile", "engine-json"], default="auto")
@@ -62,9 +63,9 @@ def main(argv: Iterable[str] | None = None) -> int:
 
     v = sub.add_parser("verify", help="measure prefill/decode on a live mocker in each regime")
     v.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=sorted(REGIMES))
-    v.add_argument("--token-scale", type=float, default=0.1)
-    v.add_argument("--time-scale", type=float, default=0.1)
-    v.add_argument("--speedup-ratio", type=float, default=1.0)
+    v.add_argument("--token-scale", type=finite_float, default=0.1)
+    v.add_argument("--time-scale", type=finite_float, default=0.1)
+    v.add_argument("--speedup-ratio", type=finite_float, default=1.0)
     v.add_argument("--num-gpu-blocks", type=int, default=1408)
     v.add_argument("--block-size", type=int, default=16)
     v.add_argument("--words", type=int, default=1200, help="prompt size (about 3 tokens a word)")

@@ -50,6 +50,7 @@ from dynamo_thunderagent.bench.trace import DEFAULT_TRACE
 from dynamo_thunderagent.bench.workload import Background
 from dynamo_thunderagent.catalog import PluginError
 from dynamo_thunderagent.config import PolicyError
+from dynamo_thunderagent.flags import finite_float
 
 ROLLOUT_CAP_S = 86_400.0
 """``--rollout``'s cap without ``--window-s``: a simulated day, past any batch of the shapes
@@ -94,8 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "with compaction, fanout: parents with subagents, agentic-code: "
                         "aiperf's coding-agent distributions")
     parser.add_argument("--trace", help="replay this JSONL trace (implies --workload trace)")
-    parser.add_argument("--token-scale", type=float, help="multiply every token count")
-    parser.add_argument("--time-scale", type=float, help="multiply every tool time")
+    parser.add_argument("--token-scale", type=finite_float, help="multiply every token count")
+    parser.add_argument("--time-scale", type=finite_float, help="multiply every tool time")
     parser.add_argument("--no-reuse-output", action="store_true",
                         help="clients do not send replies back verbatim (like the live driver)")
     parser.add_argument("--background", metavar="C[:P:O]",
@@ -114,11 +115,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "units, the first N agents joined mid-program as live runs join "
                         "them; --background tokens count as live's (not with --blocks, "
                         "--token-scale or --time-scale)")
-    parser.add_argument("--window-s", type=float, help="steady window, simulated seconds")
-    parser.add_argument("--warmup-s", type=float, help="warm-up dropped before the window")
+    parser.add_argument("--window-s", type=finite_float, help="steady window, simulated seconds")
+    parser.add_argument("--warmup-s", type=finite_float, help="warm-up dropped before the window")
     parser.add_argument("--policy", help=f"router-policy YAML for arm ours "
                         f"(default {DEFAULT_POLICY.name})")
-    parser.add_argument("--ttl-s", type=float,
+    parser.add_argument("--ttl-s", type=finite_float,
                         help="ttl-pinning TTL in seconds (default: p90 of the tool time)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=0,
@@ -126,6 +127,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "results do not depend on it)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of markdown")
     parser.add_argument("--out", help="also write sim.json and sim.md into this directory")
+
+
+# Past these a sweep runs for hours or never ends: simulated seconds (a week) and workers.
+_FLAG_MAXIMA = {"window_s": 604_800, "warmup_s": 604_800, "workers": 1_024}
 
 
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
@@ -136,8 +141,13 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
                  "window_s", "warmup_s"):
         value = getattr(args, flag)
         if value is not None:
-            if value <= 0 and flag != "warmup_s":
-                raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
+            if value < 0 or (value == 0 and flag != "warmup_s"):
+                bound = ">= 0" if flag == "warmup_s" else "> 0"
+                raise ValueError(f"--{flag.replace('_', '-')} must be {bound}, got {value}")
+            most = _FLAG_MAXIMA.get(flag)
+            if most is not None and value > most:
+                raise ValueError(f"--{flag.replace('_', '-')} must be at most {most:,}, "
+                                 f"got {value}")
             overrides[flag] = value
     if args.rollout:
         if args.warmup_s:
@@ -268,17 +278,30 @@ def run_sim_cli(args: argparse.Namespace) -> int:
         spec = spec_from_args(args)
         if "ours" in spec.arms:  # fail on a bad policy before simulating anything
             build_arm("ours", policy=spec.policy, ttl_s=spec.ttl_s, clock=lambda: 0.0)
+        if args.ttl_s is not None and args.ttl_s <= 0:
+            raise ValueError(f"--ttl-s must be > 0, got {args.ttl_s}")
+        out = Path(args.out) if args.out is not None else None
+        if out is not None:  # before the sweep: a folder that cannot be made loses no run
+            if not args.out:
+                raise ValueError("--out is empty: give a folder")
+            out.mkdir(parents=True, exist_ok=True)
     except (ValueError, PolicyError, PluginError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        print(f"error: --out {args.out}: cannot make the folder: {error.strerror}",
+              file=sys.stderr)
+        return 2
     started = time.perf_counter()
-    results = run_sweep(spec)
+    try:
+        results = run_sweep(spec)
+    except ValueError as error:  # a run that cannot go on (prompts larger than every pool)
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     elapsed = time.perf_counter() - started
     text = markdown(spec, results)
     data = to_json(spec, results)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:
         (out / "sim.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         (out / "sim.md").write_text(text, encoding="utf-8")
     print(json.dumps(data, indent=2) if args.json else text, end="" if not args.json else "\n")

@@ -71,6 +71,10 @@ from dynamo_thunderagent.bench.sim.engine import (
 from dynamo_thunderagent.bench.workload import AgentPlan, Background
 from dynamo_thunderagent.quantile import percentile
 
+# Agents whose prompts outgrow every pool end and are replaced at once: past this many in a
+# row the run cannot make progress (and the replacements nest a call each).
+MAX_UNFIT_IN_A_ROW = 100
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -192,6 +196,7 @@ class Simulation:
         self._plans = plans
         self._agents: dict[str, _Agent] = {}
         self._requests: dict[str, tuple[_Agent, SimRequest]] = {}
+        self._unfit_in_a_row = 0  # prompts larger than a pool, since the last that fitted
         self._dispatched: set[str] = set()
         self.records: list[TurnRecord] = []
         self.errors = 0
@@ -302,8 +307,17 @@ class Simulation:
         )
         self._requests[request.request_id] = (agent, request)
         if not all(w.fits_ever(request) for w in self._cluster.workers):
+            # Its agent ends and the next starts at once: a run whose prompts all outgrow
+            # the pool would start agents forever (it recursed until Python gave up).
+            self._unfit_in_a_row += 1
+            if self._unfit_in_a_row > MAX_UNFIT_IN_A_ROW:
+                raise ValueError(
+                    f"{self._unfit_in_a_row} prompts in a row are larger than a worker's KV "
+                    f"pool (the last: {prompt:,} tokens): give the workers more --blocks, or "
+                    "the workload a smaller --token-scale")
             self.reject(request.request_id, "context exceeds a worker's KV pool")
             return
+        self._unfit_in_a_row = 0
         self.arm.submit(request)
 
     def _send_background(self, lane: int) -> None:
