@@ -468,7 +468,7 @@ def _choices(text: str, allowed: tuple[str, ...] | list[str], what: str) -> list
     items = [item.strip() for item in text.split(",") if item.strip()]
     bad = [item for item in items if item not in allowed]
     if bad or not items:
-        raise SystemExit(f"error: --{what}: {', '.join(bad) or 'empty'} not in "
+        raise ValueError(f"--{what}: {', '.join(bad) or 'empty'} not in "
                          f"{', '.join(allowed)}")
     return items
 
@@ -496,22 +496,30 @@ def prepare_agentic_code(workload: AgenticCodeWorkload, out: Path, aiperf: str,
     return dataclasses.replace(workload, trace=trace, hub_cache=hub_cache), regime
 
 
-def run_clients_cli(args: argparse.Namespace) -> int:
-    arms = _choices(args.arms, ARM_NAMES, "arms")
-    workloads: list[Workload] = [WORKLOADS[w] for w in
-                                 _choices(args.workloads, list(WORKLOADS), "workloads")]
-    if args.repeats < 1:
-        raise SystemExit("error: --repeats must be >= 1")
+def _concurrency(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
     try:
-        concurrency = (None if args.concurrency is None else
-                       tuple(int(c) for c in args.concurrency.split(",") if c.strip()))
+        levels = tuple(int(c) for c in text.split(",") if c.strip())
     except ValueError:
-        raise SystemExit("error: --concurrency takes integers, e.g. 2,20,64") from None
-    if concurrency is not None and (not concurrency or min(concurrency) < 1):
-        raise SystemExit("error: --concurrency values must be >= 1")
+        raise ValueError("--concurrency takes integers, e.g. 2,20,64") from None
+    if not levels or min(levels) < 1:
+        raise ValueError("--concurrency values must be >= 1")
+    return levels
+
+
+def run_clients_cli(args: argparse.Namespace) -> int:
     try:
+        arms = _choices(args.arms, ARM_NAMES, "arms")
+        workloads: list[Workload] = [WORKLOADS[w] for w in
+                                     _choices(args.workloads, list(WORKLOADS), "workloads")]
+        if args.repeats < 1:
+            raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+        if args.timeout <= 0:
+            raise ValueError(f"--timeout must be > 0, got {args.timeout}")
+        concurrency = _concurrency(args.concurrency)
         aiperf = find_aiperf(args.aiperf)
-    except FileNotFoundError as error:
+    except (ValueError, FileNotFoundError) as error:  # bad flags: exit 2, as every command
         print(f"error: {error}", file=sys.stderr)
         return 2
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")

@@ -334,17 +334,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def run_reliability_cli(args: argparse.Namespace) -> int:
-    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+def _bad_flag(args: argparse.Namespace, phases: list[str]) -> str | None:
+    """What is wrong with ``bench reliability``'s flags (None: nothing)."""
     unknown = [p for p in phases if p not in ("flood", "soak")]
     if unknown or not phases:
-        raise SystemExit(f"error: --phases: {', '.join(unknown) or 'empty'}; "
-                         "choose from flood, soak")
+        return f"--phases: {', '.join(unknown) or 'empty'}; choose from flood, soak"
     for name in ("flood", "flood_concurrency", "agents"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1")
-    if args.soak <= 0 or args.fault_every <= 0:
-        raise SystemExit("error: --soak and --fault-every must be > 0")
+            return f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
+    for name in ("soak", "fault_every"):
+        if getattr(args, name) <= 0:
+            return f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}"
+    return None
+
+
+def run_reliability_cli(args: argparse.Namespace) -> int:
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    bad = _bad_flag(args, phases)
+    if bad is not None:  # exit 2, as every command's bad flags
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out: Path = (args.out or Path("bench-results") / f"reliability-{stamp}").resolve()
     out.mkdir(parents=True, exist_ok=True)

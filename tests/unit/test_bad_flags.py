@@ -73,6 +73,13 @@ def test_an_out_folder_that_cannot_be_made_is_refused_before_the_sweep(
     (["bench", "live", "--dry-run", "--window", "0"], "--window must be > 0"),
     (["bench", "live", "--dry-run", "--workers", "0"], "--workers must be in 1..64"),
     (["bench", "overhead", "--workers", "0"], "--workers must be in 1..4,096"),
+    (["bench", "clients", "--arms", "nope"], "--arms: nope not in"),
+    (["bench", "clients", "--repeats", "0"], "--repeats must be >= 1"),
+    (["bench", "clients", "--concurrency", "0"], "--concurrency values must be >= 1"),
+    (["bench", "clients", "--timeout", "0"], "--timeout must be > 0"),
+    (["bench", "reliability", "--phases", "flood,boom"], "--phases: boom"),
+    (["bench", "reliability", "--agents", "0"], "--agents must be >= 1, got 0"),
+    (["bench", "reliability", "--fault-every", "0"], "--fault-every must be > 0"),
 ])  # fmt: skip
 def test_out_of_range_flags_name_the_flag_and_its_range(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
