@@ -177,7 +177,8 @@ class ParityPauseRule:
         cap = capacity.known.get(worker)
         if cap is None:
             return "no_capacity_card"
-        if self._usage(table, worker, now) <= cap * self.threshold:
+        usage = self._usage(table, worker, now)
+        if usage <= cap * self.threshold:
             return "under_threshold"
         if self.keeps_paused is not None and self.keeps_paused(worker):
             return "engine_keeps_paused"
@@ -188,7 +189,7 @@ class ParityPauseRule:
             return "only_program"
         charge = self._charge(now)
         marked = sum(charge(p) for p in members if p.marked_for_pause)
-        if marked and self._usage(table, worker, now) - marked <= cap * self.target:
+        if marked and usage - marked <= cap * self.target:
             return "marked"  # the marks drain it: nobody else gives way now
         kept = []
         for program in members:

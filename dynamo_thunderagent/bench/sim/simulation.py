@@ -1,5 +1,10 @@
 """One simulated run: N closed-loop agents, one arm, W workers, a fixed window.
 
+(About 500 lines: the run's event handlers, sending, completing, rejecting and ending
+agents, share one state, the agents, requests in flight and records, and the figures are
+read from that state at the end; the engine, the KV pools and the arms are modules of
+their own.)
+
 The harness is the live one's (workload.md, ``bench/driver.py``) on a fake clock: each of
 ``agents`` slots runs an :class:`~dynamo_thunderagent.bench.workload.AgentPlan` turn by turn
 (send the turn with the whole history, wait for it, run the tool, repeat); after its last
